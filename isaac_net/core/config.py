@@ -1,0 +1,58 @@
+"""Cell constants shared by every level and relaxation (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class CellConfig:
+    """Constants of one cell. Frozen: build a new one with ``dataclasses.replace``.
+
+    A control step of ``step_s`` seconds holds ``num_slots`` uplink slots of
+    ``slot_s = step_s / num_slots``.
+    """
+
+    step_s: float = 0.020  # control step, s
+    num_slots: int = 40  # K: UL slots per control step (0.5 ms each)
+    num_subbands: int = 12  # S: subbands shared by the robots of a cell
+    subband_hz: float = 1.44e6  # subband width, Hz (4 PRBs at 30 kHz SCS)
+    se_max: float = 5.5  # spectral-efficiency cap, b/s/Hz
+    buffer_msgs: int = 8  # F: at most F messages queued per robot
+    timeout_steps: int = 10  # A: age buffer length; a deadline may not exceed it
+    fc_ghz: float = 3.5  # carrier, GHz
+    noise_figure_db: float = 9.0  # gNB noise figure, dB
+    tx_dbm: float = 23.0  # default transmit power, dBm
+    qa_snr_req_db: float = 15.0  # QA power headroom: per-subband SNR a robot must keep, dB
+    qa_sr_slots: int = 4  # QA scheduling-request offset, slots
+
+    def __post_init__(self) -> None:
+        positive = ("step_s", "subband_hz", "se_max", "fc_ghz")
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"CellConfig.{name} must be a finite number > 0, got {value!r}")
+        at_least_one = ("num_slots", "num_subbands", "buffer_msgs", "timeout_steps")
+        for name in at_least_one:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"CellConfig.{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.qa_sr_slots, int) and 0 <= self.qa_sr_slots < self.num_slots):
+            raise ValueError(
+                f"CellConfig.qa_sr_slots must be an integer in [0, num_slots), got {self.qa_sr_slots!r}"
+            )
+        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
+
+    @property
+    def slot_s(self) -> float:
+        """Duration of one UL slot, s."""
+        return self.step_s / self.num_slots
+
+    @property
+    def noise_dbm(self) -> float:
+        """Thermal noise in one subband at the gNB, dBm."""
+        return -174.0 + 10.0 * math.log10(self.subband_hz) + self.noise_figure_db

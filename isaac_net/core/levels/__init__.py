@@ -1,0 +1,41 @@
+"""The discrete engine levels and ``make_engine``. No import of ``isaac_net.core.diff``."""
+
+from __future__ import annotations
+
+import torch
+
+from isaac_net.core.levels.base import KPI_KEYS, DiscreteLevel
+from isaac_net.core.levels.l1 import NetFluid
+from isaac_net.core.levels.qa import NetQA
+
+
+def _l2_legacy(*args, **kwargs):
+    from isaac_net.core.levels.l2_legacy import NetL2Legacy
+
+    return NetL2Legacy(*args, **kwargs)
+
+
+LEVELS = {"L1": NetFluid, "QA": NetQA, "L2-legacy": _l2_legacy}
+BACKENDS = ("eager", "cuda_graph")
+
+
+def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
+                seed: int | None = None, backend: str = "eager", **level_kwargs) -> DiscreteLevel:
+    """Build a discrete engine level.
+
+    :param level: one of ``LEVELS`` (``"L1"``, ``"QA"``, ``"L2-legacy"``).
+    :param backend: ``"eager"``, or ``"cuda_graph"`` (CUDA only) to replay the step as a CUDA graph.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; expected one of: {', '.join(LEVELS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of: {', '.join(BACKENDS)}")
+    engine = LEVELS[level](E, R, device, cfg=cfg, dtype=dtype, seed=seed, **level_kwargs)
+    if backend == "cuda_graph":
+        from isaac_net.core.levels.graphs import CudaGraphEngine
+
+        return CudaGraphEngine(engine)
+    return engine
+
+
+__all__ = ["KPI_KEYS", "LEVELS", "DiscreteLevel", "NetFluid", "NetQA", "make_engine"]

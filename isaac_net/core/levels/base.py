@@ -1,0 +1,237 @@
+"""Shared bookkeeping of the discrete levels (DESIGN.md §2).
+
+A level owns capture, overflow, ageing, timeout, AoI, energy and the per-step KPI dict
+here, once. Each level writes only its service rule, ``_serve``. The queue is a
+compacted FIFO per robot: ``bytes[e, r, j]`` for ``j < length[e, r]``, oldest first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from isaac_net.core import _validate, radio
+from isaac_net.core.config import CellConfig
+
+KPI_KEYS = ("offered", "delivered", "delay_sum", "timeouts", "overflow", "aoi", "energy_j", "queued_msgs")
+
+
+@dataclasses.dataclass
+class Queue:
+    """Compacted FIFO per robot. ``bytes``/``gen`` are ``[E, R, F]``, ``length`` ``[E, R]``.
+
+    ``bytes`` holds the unserved bytes of each message (0 past ``length``), ``gen`` the
+    control step it was generated in.
+    """
+
+    bytes: torch.Tensor
+    gen: torch.Tensor
+    length: torch.Tensor
+
+    @property
+    def valid(self) -> torch.Tensor:
+        F = self.bytes.shape[-1]
+        return torch.arange(F, device=self.bytes.device) < self.length.unsqueeze(-1)
+
+
+@dataclasses.dataclass
+class Service:
+    """What a service rule did in one step.
+
+    :field done: ``[E, R, F]`` bool, message delivered this step.
+    :field finish_s: ``[E, R, F]`` finish time inside the step, s (read where ``done``).
+    :field remaining: ``[E, R, F]`` unserved bytes after the step (0 where done).
+    :field tx_time_s: ``[E, R]`` time the robot transmitted at full power, s.
+    :field lost: ``[E, R, F]`` bool, dropped by the level itself (counted as a timeout), or None.
+    """
+
+    done: torch.Tensor
+    finish_s: torch.Tensor
+    remaining: torch.Tensor
+    tx_time_s: torch.Tensor
+    lost: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class StepContext:
+    """Per-step facts a service rule may need. All ``[E, R]``."""
+
+    t: int
+    snr_db: torch.Tensor
+    tx_dbm: torch.Tensor
+    was_empty: torch.Tensor  # bool: queue empty before this step's capture
+    captured: torch.Tensor  # bool: a message entered the queue this step
+    msg_bytes: torch.Tensor
+
+
+class DiscreteLevel:
+    """A discrete engine level. Subclasses implement ``_serve`` (and optionally level state).
+
+    ``step`` returns per-robot ``[E, R]`` tensors for the step: ``offered, delivered,
+    delay_sum`` (control steps), ``timeouts, overflow, aoi`` (control steps),
+    ``energy_j`` and ``queued_msgs``.
+    """
+
+    name = "?"
+
+    def __init__(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None,
+                 dtype: torch.dtype = torch.float32, seed: int | None = None):
+        _validate.check_dims(E, R)
+        _validate.check_dtype(dtype)
+        self.E, self.R = E, R
+        self.device = torch.device(device)
+        self.cfg = cfg if cfg is not None else CellConfig()
+        if not isinstance(self.cfg, CellConfig):
+            raise TypeError(f"cfg: expected a CellConfig, got {type(self.cfg).__name__}")
+        self.dtype = dtype
+        self.seed = seed
+        F = self.cfg.buffer_msgs
+        self.t = 0
+        self.queue = Queue(
+            bytes=torch.zeros(E, R, F, dtype=dtype, device=self.device),
+            gen=torch.zeros(E, R, F, dtype=torch.long, device=self.device),
+            length=torch.zeros(E, R, dtype=torch.long, device=self.device),
+        )
+        # Generation step of the freshest delivered message (the reset time at reset).
+        self.fresh_gen = torch.zeros(E, R, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------ hooks
+    def _serve(self, q: Queue, ctx: StepContext) -> Service:
+        raise NotImplementedError
+
+    def _reset_level(self, env_mask: torch.Tensor) -> None:
+        """Reset level-specific state of the envs in ``env_mask`` (``[E]`` bool)."""
+
+    # ------------------------------------------------------------------ api
+    def reset(self, env_ids=None) -> None:
+        """Restart the envs ``env_ids`` (all when None); the others are left untouched."""
+        mask = torch.zeros(self.E, dtype=torch.bool, device=self.device)
+        if env_ids is None:
+            mask[:] = True
+        else:
+            ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
+            if ids.dtype == torch.bool:
+                if ids.numel() != self.E:
+                    raise ValueError(f"env_ids: expected a bool mask of {self.E} envs, got {ids.numel()}")
+                mask = ids
+            else:
+                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
+                    raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
+                mask[ids.long()] = True
+        m3 = mask[:, None, None]
+        q = self.queue
+        self.queue = Queue(
+            bytes=torch.where(m3, torch.zeros_like(q.bytes), q.bytes),
+            gen=torch.where(m3, torch.zeros_like(q.gen), q.gen),
+            length=torch.where(mask[:, None], torch.zeros_like(q.length), q.length),
+        )
+        self.fresh_gen = torch.where(mask[:, None], torch.full_like(self.fresh_gen, self.t), self.fresh_gen)
+        self._reset_level(mask)
+
+    def step(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> dict:
+        """Advance every env by one control step.
+
+        :input send: ``[E, R]`` 0/1 (or bool), a message captured at the start of the step.
+        :input msg_bytes: ``[E, R]`` message size, bytes (> 0).
+        :input snr_db: ``[E, R]`` SNR with full power in one subband, dB; or
+        :input pos: ``[E, R, 2]`` positions, m (gNB at the origin), with
+        :input tx_dbm: ``[E, R]`` transmit power, dBm (default ``cfg.tx_dbm``).
+        :input deadline: ``[E, R]`` whole control steps in ``[1, timeout_steps]``.
+        :output: dict of ``[E, R]`` tensors, keys ``KPI_KEYS``.
+        """
+        E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
+        if isinstance(send, torch.Tensor) and send.dtype == torch.bool:
+            send = send.to(dt)
+        send = _validate.per_robot(send, "send", E, R, dt, dev)
+        if bool(((send != 0) & (send != 1)).any()):
+            raise ValueError("send: expected binary sends (0 or 1) for a discrete level; "
+                             "use DiffFluid for send weights in [0, 1]")
+        msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
+        _validate.check_range(msg_bytes, "msg_bytes", None, None, "")
+        if bool((msg_bytes <= 0).any()):
+            raise ValueError("msg_bytes: expected sizes > 0 bytes")
+        snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
+        dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=True).long()
+        with torch.no_grad():
+            return self._step(send.bool(), msg_bytes, snr, tx, dl)
+
+    # ------------------------------------------------------------------ core
+    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+        cfg, q, t, dt = self.cfg, self.queue, self.t, self.dtype
+        F = cfg.buffer_msgs
+        slots = torch.arange(F, device=self.device)
+
+        # 1. Capture: drop the new message when F are already queued.
+        was_empty = q.length == 0
+        is_full = q.length >= F
+        captured = send & ~is_full
+        overflow = send & is_full
+        at_tail = captured.unsqueeze(-1) & (slots == q.length.unsqueeze(-1))
+        q = Queue(
+            bytes=torch.where(at_tail, msg_bytes.unsqueeze(-1), q.bytes),
+            gen=torch.where(at_tail, torch.full_like(q.gen, t), q.gen),
+            length=q.length + captured.long(),
+        )
+
+        # 2. Service (the level's rule).
+        ctx = StepContext(t=t, snr_db=snr_db, tx_dbm=tx_dbm, was_empty=was_empty,
+                          captured=captured, msg_bytes=msg_bytes)
+        svc = self._serve(q, ctx)
+        valid = q.valid
+        done = svc.done & valid
+        age = (t - q.gen).to(dt)
+        delay = torch.where(done, age + svc.finish_s / cfg.step_s, torch.zeros_like(age))
+        fresh = torch.where(done, q.gen, torch.full_like(q.gen, -(2**62))).amax(-1)
+        self.fresh_gen = torch.maximum(self.fresh_gen, fresh)
+
+        # 3. Ageing and timeout: a message whose new age reaches the deadline is dropped.
+        alive = valid & ~done
+        timed_out = alive & ((t - q.gen + 1) >= deadline.unsqueeze(-1))
+        if svc.lost is not None:
+            timed_out = timed_out | (alive & svc.lost)
+        keep = alive & ~timed_out
+        self.queue = _compact(Queue(bytes=torch.where(keep, svc.remaining, torch.zeros_like(q.bytes)),
+                                    gen=q.gen, length=q.length), keep)
+        self.t = t + 1
+
+        # 4.-5. AoI at the end of the step, and transmit energy.
+        aoi = (self.t - self.fresh_gen).to(dt)
+        energy_j = radio.dbm_to_w(tx_dbm) * svc.tx_time_s
+        return {
+            "offered": send.to(dt),
+            "delivered": done.sum(-1).to(dt),
+            "delay_sum": delay.sum(-1),
+            "timeouts": timed_out.sum(-1).to(dt),
+            "overflow": overflow.to(dt),
+            "aoi": aoi,
+            "energy_j": energy_j,
+            "queued_msgs": self.queue.length.to(dt),
+        }
+
+
+def _compact(q: Queue, keep: torch.Tensor) -> Queue:
+    """Move the kept messages to the front, preserving their order.
+
+    :input keep: ``[E, R, F]`` bool.
+    """
+    F = keep.shape[-1]
+    # Stable sort of "not kept" puts kept entries first in their original order.
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
+    k_sorted = torch.gather(keep, -1, order)
+    return Queue(
+        bytes=torch.where(k_sorted, torch.gather(q.bytes, -1, order), torch.zeros_like(q.bytes)),
+        gen=torch.where(k_sorted, torch.gather(q.gen, -1, order), torch.zeros_like(q.gen)),
+        length=keep.sum(-1),
+    )
+
+
+def partial_remaining(q: Queue, cum: torch.Tensor, served: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """Unserved bytes per message after ``served`` bytes ``[E, R]`` went out FIFO.
+
+    The message being served when the step ended keeps ``cum - served``; messages not
+    yet reached keep their bytes; done messages keep 0.
+    """
+    started = (cum - q.bytes) < served.unsqueeze(-1)
+    rem = torch.where(started, cum - served.unsqueeze(-1), q.bytes)
+    return torch.where(done, torch.zeros_like(rem), rem)

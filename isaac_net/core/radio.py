@@ -1,0 +1,53 @@
+"""Radio model: distance -> path loss -> SNR with the full power in one subband.
+
+3GPP UMi street-canyon NLOS, simplified (DESIGN.md §1):
+
+.. math::
+    d = \\max(\\lVert pos \\rVert, 1\\,\\mathrm{m}),\\quad
+    PL = 22.4 + 35.3 \\log_{10} d + 21.3 \\log_{10} f_c,\\quad
+    \\mathrm{snr} = P_{tx} - PL - N.
+
+Everything is differentiable in ``pos`` and ``tx_dbm``; inside 1 m the clamp gives a
+zero (and finite) gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from isaac_net.core.config import CellConfig
+
+
+def distance_m(pos: torch.Tensor) -> torch.Tensor:
+    """Distance to the gNB at the origin, clamped at 1 m.
+
+    :input pos: ``[..., 2]`` positions, m.
+    :output: ``[...]`` distance, m.
+    """
+    # Clamp the squared norm, not the norm: sqrt at 0 has an infinite derivative.
+    return torch.sqrt(torch.clamp((pos * pos).sum(-1), min=1.0))
+
+
+def path_loss_db(pos: torch.Tensor, cfg: CellConfig) -> torch.Tensor:
+    """Path loss, dB. :input pos: ``[..., 2]`` m. :output: ``[...]`` dB."""
+    d = distance_m(pos)
+    return 22.4 + 35.3 * torch.log10(d) + 21.3 * math.log10(cfg.fc_ghz)
+
+
+def snr_db(pos: torch.Tensor, tx_dbm: torch.Tensor | float, cfg: CellConfig) -> torch.Tensor:
+    """SNR with the full transmit power in one subband, dB.
+
+    :input pos: ``[..., 2]`` m. :input tx_dbm: broadcastable to ``[...]``, dBm.
+    :output: ``[...]`` dB.
+    """
+    return tx_dbm - path_loss_db(pos, cfg) - cfg.noise_dbm
+
+
+def db_to_lin(x_db: torch.Tensor) -> torch.Tensor:
+    return torch.pow(10.0, x_db / 10.0)
+
+
+def dbm_to_w(x_dbm: torch.Tensor) -> torch.Tensor:
+    return torch.pow(10.0, (x_dbm - 30.0) / 10.0)
