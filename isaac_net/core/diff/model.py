@@ -1,0 +1,256 @@
+"""DiffFluid: differentiable L1D and QAD with an age-indexed queue.
+
+State layout. A robot enqueues at most one message per control step and a message
+leaves after at most ``timeout`` steps, so slot ``a`` of a ``[E, R, A]`` buffer holds the
+message captured ``a`` steps ago and FIFO order is age order (oldest = highest ``a``).
+Each slot carries the expected remaining bytes ``x`` and the mass ``w``, the
+probability-like weight of the message still being queued. The buffer shifts by one
+slot per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from isaac_net.core import _validate, radio
+from isaac_net.core.config import CellConfig
+from isaac_net.core.diff import relax
+
+MODES = ("L1", "QA")
+
+
+@dataclasses.dataclass(frozen=True)
+class FluidState:
+    """Queue and AoI state, ``x``/``w`` ``[E, R, A]`` (bytes, mass), ``aoi`` ``[E, R]`` steps."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    aoi: torch.Tensor
+
+    def detach(self) -> "FluidState":
+        return FluidState(self.x.detach(), self.w.detach(), self.aoi.detach())
+
+
+def _fifo_cum(x: torch.Tensor) -> torch.Tensor:
+    """Bytes queued up to and including each slot in FIFO (oldest-first) order. ``[E, R, A]``."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float):
+    """L1D: K UL slots with equal subband shares among backlogged robots.
+
+    :output: completion ``c`` ``[E, R, A]``, finish-time numerator ``fin`` ``[E, R, A]``
+        (sum over slots of the completion increase times ``(k + 1) / K``, control steps),
+        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]``.
+    """
+    K = cfg.num_slots
+    cum = _fifo_cum(x)
+    bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
+    served = torch.zeros_like(x[..., 0])
+    c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+    fin = torch.zeros_like(x)
+    tx_s = torch.zeros_like(served)
+    for k in range(K):
+        busy = relax.soft_busy((w * (1.0 - c)).sum(-1), tau)  # [E, R]
+        n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
+        share = cfg.num_subbands / relax.smax(n, 1.0, tau)
+        se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), cfg.se_max, tau)
+        cap = share * se * bytes_per_sb_se
+        served = served + busy * cap
+        tx_s = tx_s + busy * relax.smin(share, 1.0, tau).expand_as(busy) * cfg.slot_s
+        c_next = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+        fin = fin + (c_next - c) * ((k + 1) / K)
+        c = c_next
+    return c, fin, served, tx_s, cum
+
+
+def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: float):
+    """QAD: one processor-sharing interval per step with PF gain, headroom cap and SR offset."""
+    cum = _fifo_cum(x)
+    total = cum[..., 0]
+    busy = relax.soft_busy(w.sum(-1), tau)  # [E, R]
+    n = busy.sum(-1, keepdim=True)
+    share = cfg.num_subbands / relax.smax(n, 1.0, tau)
+    req_lin = 10.0 ** (cfg.qa_snr_req_db / 10.0)
+    m = relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
+    alloc = relax.smin(share.expand_as(m), m, tau)
+    gain = relax.harmonic(n)
+    se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
+    rate = alloc * se * cfg.subband_hz / 8.0  # B/s while backlogged
+    sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
+    avail_s = cfg.step_s - sr_s
+    eff_rate = busy * rate
+    served = eff_rate * avail_s
+    c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+    safe_rate = torch.where(eff_rate > 0, eff_rate, torch.ones_like(eff_rate)).unsqueeze(-1)
+    finish_s = sr_s.unsqueeze(-1) + relax.smin(cum, served.unsqueeze(-1), tau) / safe_rate
+    fin = c * finish_s / cfg.step_s
+    tx_s = relax.smin(alloc, 1.0, tau) * relax.smin(total, served, tau) / rate
+    return c, fin, served, tx_s, cum
+
+
+def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
+               cfg: CellConfig, mode: str, tau: float, tau_n: float):
+    """One control step of L1D or QAD as a pure function of the state.
+
+    :input send: ``[E, R]`` send weight in [0, 1]; :input msg_bytes: ``[E, R]`` bytes;
+    :input snr_db, tx_dbm, deadline: ``[E, R]``.
+    :output: ``(next_state, kpis)``, kpis ``[E, R]`` as expectations.
+    """
+    x, w, aoi = state.x, state.w, state.aoi
+    A = x.shape[-1]
+
+    # 1. Capture into the youngest slot; the buffer limit acts on the soft message count.
+    mass_before = w.sum(-1)
+    admit = relax.step_add(cfg.buffer_msgs - 0.5 - mass_before, tau_n)
+    w0 = send * admit
+    w = torch.cat([w0.unsqueeze(-1), w[..., 1:]], dim=-1)
+    x = torch.cat([(w0 * msg_bytes).unsqueeze(-1), x[..., 1:]], dim=-1)
+    overflow = send * (1.0 - admit)
+
+    # 2. Service.
+    snr_lin = radio.db_to_lin(snr_db)
+    if mode == "L1":
+        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau)
+    else:
+        c, fin, served, tx_s, cum = _service_qa(x, w, mass_before, snr_lin, cfg, tau, tau_n)
+    ages = torch.arange(A, dtype=x.dtype, device=x.device)
+    done = w * c  # delivered mass per age slot
+    delivered = done.sum(-1)
+    delay_sum = (done * ages + w * fin).sum(-1)
+    x = relax.fifo_remainder(x, cum, served.unsqueeze(-1), tau)
+    w = w - done
+
+    # 3. AoI: the freshest delivered message (youngest slot first) sets it.
+    not_done = 1.0 - done
+    before = torch.cumprod(torch.cat([torch.ones_like(not_done[..., :1]), not_done[..., :-1]], -1), -1)
+    aoi = (done * before * (ages + 1.0)).sum(-1) + (aoi + 1.0) * before[..., -1] * not_done[..., -1]
+
+    # 4. Ageing and timeout, then the shift by one slot.
+    keep = relax.survival(deadline, A, tau_n)
+    timeouts = (w * (1.0 - keep)).sum(-1)
+    w = w * keep
+    x = x * keep
+    zero = torch.zeros_like(w[..., :1])
+    w = torch.cat([zero, w[..., :-1]], dim=-1)
+    x = torch.cat([zero, x[..., :-1]], dim=-1)
+
+    kpis = {
+        "offered": send,
+        "delivered": delivered,
+        "delay_sum": delay_sum,
+        "timeouts": timeouts,
+        "overflow": overflow,
+        "aoi": aoi,
+        "energy_j": radio.dbm_to_w(tx_dbm) * tx_s,
+        "queued_msgs": w.sum(-1),
+    }
+    return FluidState(x, w, aoi), kpis
+
+
+class DiffFluid:
+    """Differentiable fluid model of the uplink: ``mode="L1"`` (L1D) or ``"QA"`` (QAD).
+
+    :param tau: temperature of every relaxation (``0`` runs the hard operations); may be
+        changed between steps (annealing).
+    :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
+        headroom floor), in messages / control steps; defaults to ``tau``.
+    :param compile: run the per-step body through ``torch.compile``.
+    """
+
+    def __init__(self, E: int, R: int, device="cpu", mode: str = "L1", tau: float = 0.05,
+                 tau_n: float | None = None, *, cfg: CellConfig | None = None,
+                 dtype: torch.dtype = torch.float32, compile: bool = False):
+        _validate.check_dims(E, R)
+        _validate.check_dtype(dtype)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+        self.cfg = cfg if cfg is not None else CellConfig()
+        if not isinstance(self.cfg, CellConfig):
+            raise TypeError(f"cfg: expected a CellConfig, got {type(self.cfg).__name__}")
+        self.E, self.R, self.mode, self.dtype = E, R, mode, dtype
+        self.device = torch.device(device)
+        self.tau = tau
+        self.tau_n = tau_n
+        self.compile = bool(compile)
+        self._step_fn = fluid_step
+        if self.compile:
+            from isaac_net.core.diff._compiled import compiled_step
+
+            self._step_fn = compiled_step
+        A = self.cfg.timeout_steps
+        z = torch.zeros(E, R, A, dtype=dtype, device=self.device)
+        self.state = FluidState(z, z.clone(), torch.zeros(E, R, dtype=dtype, device=self.device))
+
+    @property
+    def tau(self) -> float:
+        return self._tau
+
+    @tau.setter
+    def tau(self, value: float) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"tau: expected a finite temperature >= 0, got {value}")
+        self._tau = value
+
+    @property
+    def tau_n(self) -> float:
+        return self._tau if self._tau_n is None else self._tau_n
+
+    @tau_n.setter
+    def tau_n(self, value: float | None) -> None:
+        if value is not None:
+            value = float(value)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"tau_n: expected a finite temperature >= 0 or None, got {value}")
+        self._tau_n = value
+
+    def reset(self, env_ids=None) -> None:
+        """Re-initialise the envs ``env_ids`` (all when None).
+
+        Out of place: the other envs keep their values and their gradient history.
+        """
+        mask = torch.zeros(self.E, dtype=torch.bool, device=self.device)
+        if env_ids is None:
+            mask[:] = True
+        else:
+            ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
+                raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
+            mask[ids.long()] = True
+        s = self.state
+        m3 = mask[:, None, None]
+        self.state = FluidState(
+            x=torch.where(m3, torch.zeros_like(s.x), s.x),
+            w=torch.where(m3, torch.zeros_like(s.w), s.w),
+            aoi=torch.where(mask[:, None], torch.zeros_like(s.aoi), s.aoi),
+        )
+
+    def detach(self) -> None:
+        """Truncate backpropagation through time: later losses see the state as a constant."""
+        self.state = self.state.detach()
+
+    def step(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> dict:
+        """Advance one control step; returns the per-step KPIs as expectations.
+
+        :input send: ``[E, R]`` send weight in [0, 1] (probability, relaxed or binary sample).
+        :input msg_bytes: ``[E, R]`` message size, bytes (> 0).
+        :input snr_db: ``[E, R]`` dB, or :input pos: ``[E, R, 2]`` m with :input tx_dbm: ``[E, R]`` dBm.
+        :input deadline: ``[E, R]`` continuous, in ``[1, timeout_steps]`` control steps.
+        :output: dict of ``[E, R]`` tensors: offered, delivered, delay_sum, timeouts,
+            overflow, aoi, energy_j, queued_msgs.
+        """
+        E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
+        send = _validate.per_robot(send, "send", E, R, dt, dev)
+        _validate.check_range(send, "send", 0.0, 1.0, "send weights in [0, 1]")
+        msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
+        if bool((msg_bytes <= 0).any()):
+            raise ValueError("msg_bytes: expected sizes > 0 bytes")
+        snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
+        dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
+        self.state, kpis = self._step_fn(self.state, send, msg_bytes, snr, tx, dl, cfg=cfg,
+                                         mode=self.mode, tau=self.tau, tau_n=self.tau_n)
+        return kpis

@@ -1,0 +1,191 @@
+"""Relaxations of the hard operations of the discrete levels.
+
+One temperature ``tau`` controls them all; ``tau = 0`` runs the exact hard operation.
+Two kinds of temperature:
+
+* **relative**: the smoothing acts on log ratios, so it is proportional to the
+  quantity (a 4 kB and a 30 kB message see the same relative smoothing);
+* **additive**: the smoothing acts on a difference in natural units (messages,
+  control steps).
+
+Every function accepts broadcastable tensors and a Python float ``tau >= 0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+EULER_GAMMA = 0.5772156649015329
+
+
+def _tiny(x: torch.Tensor) -> float:
+    # Smallest magnitude whose log is still finite and far below any physical value.
+    return 1e-300 if x.dtype == torch.float64 else 1e-30
+
+
+def _log_pos(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(torch.clamp(x, min=_tiny(x)))
+
+
+def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
+    """Soft minimum of non-negative quantities in the log domain (relative temperature).
+
+    .. math::
+        \\mathrm{smin}_\\tau(a, b) = \\exp\\bigl(-\\tau\\,\\mathrm{logsumexp}(-\\log a/\\tau, -\\log b/\\tau)\\bigr)
+        = (a^{-1/\\tau} + b^{-1/\\tau})^{-\\tau}
+
+    Exact at ``a = 0`` or ``b = 0`` (gives 0) and for ``b >> a`` (gives ``a``);
+    ``smin(a, a) = a 2^{-tau}``. Limit ``tau -> 0``: ``min(a, b)``.
+    """
+    b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    if tau == 0:
+        return torch.minimum(a, b)
+    out = torch.exp(-tau * torch.logaddexp(-_log_pos(a) / tau, -_log_pos(b) / tau))
+    return torch.where((a > 0) & (b > 0), out, torch.zeros_like(out))
+
+
+def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
+    """Soft maximum of non-negative quantities in the log domain (relative temperature).
+
+    .. math:: \\mathrm{smax}_\\tau(a, b) = (a^{1/\\tau} + b^{1/\\tau})^{\\tau}
+
+    Exact when either is 0 (gives the other) and for ``b >> a``; ``smax(a, a) = a 2^{tau}``.
+    Limit ``tau -> 0``: ``max(a, b)``.
+    """
+    b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    if tau == 0:
+        return torch.maximum(a, b)
+    out = torch.exp(tau * torch.logaddexp(_log_pos(a) / tau, _log_pos(b) / tau))
+    return torch.where(a <= 0, b.expand_as(out), torch.where(b <= 0, a.expand_as(out), out))
+
+
+def soft_ge(served: torch.Tensor, cum: torch.Tensor, tau: float) -> torch.Tensor:
+    """Completion indicator ``1[served >= cum]`` as a sigmoid of the log ratio (relative).
+
+    .. math:: c_\\tau(S, c) = \\sigma\\bigl((\\log S - \\log c) / \\tau\\bigr)
+
+    ``cum <= 0`` (nothing to serve) gives 1 and ``served <= 0 < cum`` gives 0 at every tau.
+    Limit ``tau -> 0``: ``1[S >= c]``.
+    """
+    if tau == 0:
+        return (served >= cum).to(cum.dtype)
+    c = torch.sigmoid((_log_pos(served) - _log_pos(cum)) / tau)
+    return torch.where(cum <= 0, torch.ones_like(c), torch.where(served <= 0, torch.zeros_like(c), c))
+
+
+def fifo_remainder(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau: float) -> torch.Tensor:
+    """Unserved bytes per message after ``served`` bytes went out in FIFO order (relative).
+
+    :input x: ``[..., A]`` bytes per message; :input cum: ``[..., A]`` bytes queued up to and
+    including each message (FIFO order); :input served: ``[..., 1]``.
+
+    The remainder of a FIFO prefix is ``cum - smin(cum, S)`` (``max(cum - S, 0)`` at tau = 0);
+    a message keeps ``x - (smin(cum, S) - smin(cum - x, S))``, which is in ``[0, x]`` because
+    smin is 1-Lipschitz. At tau = 0 the hard FIFO arithmetic is used as written: a message
+    not reached keeps ``x``, the one in service keeps ``cum - S``, done ones keep 0.
+    """
+    prev = cum - x
+    if tau == 0:
+        return torch.where(served >= cum, torch.zeros_like(x), torch.where(prev < served, cum - served, x))
+    return x - (smin(cum, served, tau) - smin(prev, served, tau))
+
+
+def step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
+    """Step ``1[z > 0]`` as ``sigmoid(z / tau)`` (additive temperature, z in natural units).
+
+    Used for the buffer limit (``z = F - 0.5 - n`` messages). Limit ``tau -> 0``: ``1[z > 0]``.
+    """
+    if tau == 0:
+        return (z > 0).to(z.dtype)
+    return torch.sigmoid(z / tau)
+
+
+def log_step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
+    """``log step_add(z, tau)``, stable for very negative ``z`` (``-inf`` at tau = 0, z <= 0)."""
+    if tau == 0:
+        return torch.where(z > 0, torch.zeros_like(z), torch.full_like(z, -math.inf))
+    return torch.nn.functional.logsigmoid(z / tau)
+
+
+def survival(deadline: torch.Tensor, num_ages: int, tau: float) -> torch.Tensor:
+    """Per-step survival factor of a message at each age (additive, control steps).
+
+    The cumulative survival to age ``a`` is ``s(a) = sigmoid((deadline - 0.5 - (a + 1)) / tau)``;
+    at the end of a step a message of age ``a`` survives with ``s(a) / s(a - 1)``
+    (``s(-1) = 1``), so after ``a + 1`` steps exactly ``s(a)`` of it is left, at every tau.
+    The last age slot always times out (the buffer holds ``num_ages`` ages).
+
+    :input deadline: ``[E, R]`` control steps. :output: ``[E, R, num_ages]``.
+    Limit ``tau -> 0``: ``1[a + 1 < deadline - 0.5]``.
+    """
+    ages = torch.arange(num_ages, dtype=deadline.dtype, device=deadline.device)
+    z = deadline.unsqueeze(-1) - 0.5 - (ages + 1.0)
+    if tau == 0:
+        keep = (z > 0).to(deadline.dtype)
+    else:
+        log_s = torch.nn.functional.logsigmoid(z / tau)
+        prev = torch.cat([torch.zeros_like(log_s[..., :1]), log_s[..., :-1]], dim=-1)
+        keep = torch.exp(log_s - prev)
+    last = torch.zeros(num_ages, dtype=deadline.dtype, device=deadline.device)
+    last[-1] = 1.0
+    return keep * (1.0 - last)
+
+
+def soft_floor(y: torch.Tensor, n_max: int, tau: float) -> torch.Tensor:
+    """``min(floor(y), n_max)`` for ``y >= 0`` as a sum of sigmoid steps at the integers (additive).
+
+    .. math:: \\lfloor y \\rfloor_\\tau = \\sum_{j=1}^{n_{max}} \\sigma((y - j)/\\tau)
+
+    Limit ``tau -> 0``: ``sum_j 1[y >= j]``, the floor capped at ``n_max``.
+    """
+    j = torch.arange(1, n_max + 1, dtype=y.dtype, device=y.device)
+    z = y.unsqueeze(-1) - j
+    if tau == 0:
+        return (z >= 0).to(y.dtype).sum(-1)
+    return torch.sigmoid(z / tau).sum(-1)
+
+
+def harmonic(n: torch.Tensor) -> torch.Tensor:
+    """Harmonic number at a real ``n >= 0``: ``H(n) = digamma(n + 1) + gamma`` (no temperature).
+
+    Equals ``sum_{j=1}^{n} 1/j`` at the integers.
+    """
+    return torch.special.digamma(n + 1.0) + EULER_GAMMA
+
+
+def soft_empty(mass: torch.Tensor, tau: float) -> torch.Tensor:
+    """"Was empty" gate from the soft message count: ``1 - smin(mass, 1)`` (relative).
+
+    1 exactly at ``mass = 0``; ``1 - 2^{-tau}`` at one message. Limit ``tau -> 0``: ``1[mass = 0]``
+    for integer counts.
+    """
+    return 1.0 - smin(mass, 1.0, tau)
+
+
+def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
+    """Backlog indicator from the soft count of incomplete messages: ``smin(mass, 1)`` (relative).
+
+    At tau = 0 with binary sends it is 1 exactly when some queued message is not yet
+    complete, i.e. when the youngest queued byte is not yet served. Under mean-field sends
+    it is the probability-like weight of being backlogged, so the expected bytes of a
+    message sent with probability p are served at p times the slot capacity, and the
+    message completes when a real one would.
+    """
+    return smin(mass, 1.0, tau)
+
+
+def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
+    """Binary-concrete sample from fixed uniforms ``u`` (pathwise gradient in ``p``).
+
+    .. math:: s = \\sigma\\bigl((\\mathrm{logit}\\,p - \\mathrm{logit}\\,u) / \\lambda\\bigr)
+
+    Limit ``lam -> 0``: ``1[u < p]``, the binary send from the same uniforms.
+    """
+    if lam == 0:
+        return (u < p).to(p.dtype)
+    eps = 1e-12 if p.dtype == torch.float64 else 1e-6
+    pc = torch.clamp(p, eps, 1.0 - eps)
+    uc = torch.clamp(u, eps, 1.0 - eps)
+    return torch.sigmoid((torch.logit(pc) - torch.logit(uc)) / lam)

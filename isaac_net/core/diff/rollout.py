@@ -1,0 +1,56 @@
+"""Rollouts of DiffFluid with mean-field, relaxed-Bernoulli or binary sends."""
+
+from __future__ import annotations
+
+import torch
+
+from isaac_net.core import _validate
+from isaac_net.core.diff import relax
+from isaac_net.core.diff.model import DiffFluid
+from isaac_net.core.kpi import KpiAccumulator, send_uniforms
+
+SENDS = ("mean_field", "relaxed", "binary")
+
+
+def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None, deadline=None,
+            warmup: int = 0, sends: str = "mean_field", u=None, lam: float | None = None,
+            generator: torch.Generator | None = None) -> dict:
+    """Run ``net`` for ``T`` control steps with constant decisions and return its KPIs.
+
+    :input p: ``[E, R]`` send probability per control step, in [0, 1].
+    :input B: ``[E, R]`` message size, bytes.
+    :input pos: ``[E, R, 2]`` m, with :input tx_dbm: ``[E, R]`` dBm; or :input snr_db: ``[E, R]`` dB.
+    :input deadline: ``[E, R]`` control steps (continuous), default the timeout.
+    :param sends: ``"mean_field"`` (the send weight is ``p``), ``"relaxed"``
+        (``relaxed_bernoulli(p, u_t, lam)``, pathwise gradient) or ``"binary"`` (``u_t < p``,
+        no gradient in ``p``, the discrete levels' sends).
+    :input u: ``[T, E, R]`` fixed uniforms (drawn from ``generator`` when None).
+    :param lam: relaxed-Bernoulli temperature (default 0.1).
+    :output: per robot ``[E, R]``: ``delay, delivery, aoi, energy_j`` and the totals
+        ``offered, delivered, delay_sum, timeouts, overflow, queued_msgs``; batch means
+        ``mean_delay, delivery_ratio, mean_aoi, mean_energy_j`` (0-dim).
+    """
+    if not isinstance(net, DiffFluid):
+        raise TypeError(f"net: expected a DiffFluid, got {type(net).__name__}")
+    if sends not in SENDS:
+        raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SENDS)}")
+    E, R, dt, dev = net.E, net.R, net.dtype, net.device
+    if not (isinstance(warmup, int) and isinstance(T, int) and T >= 1 and 0 <= warmup < T):
+        raise ValueError(f"T, warmup: expected integers with 0 <= warmup < T, got T={T!r}, warmup={warmup!r}")
+    p = _validate.per_robot(p, "p", E, R, dt, dev)
+    _validate.check_range(p, "p", 0.0, 1.0, "probabilities in [0, 1]")
+    lam = 0.1 if lam is None else float(lam)
+    if lam < 0:
+        raise ValueError(f"lam: expected a temperature >= 0, got {lam}")
+    if sends != "mean_field":
+        u = send_uniforms(u, T, E, R, dt, dev, generator)
+    acc = KpiAccumulator(warmup)
+    for t in range(T):
+        if sends == "mean_field":
+            send = p
+        elif sends == "relaxed":
+            send = relax.relaxed_bernoulli(p, u[t], lam)
+        else:
+            send = (u[t] < p).to(dt)
+        acc.add(net.step(send, B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline))
+    return acc.result()
