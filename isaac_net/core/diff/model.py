@@ -59,7 +59,7 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float):
         share = cfg.num_subbands / relax.smax(n, 1.0, tau)
         se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), cfg.se_max, tau)
         cap = share * se * bytes_per_sb_se
-        served = served + busy * cap
+        served = served + cap
         tx_s = tx_s + busy * relax.smin(share, 1.0, tau).expand_as(busy) * cfg.slot_s
         c_next = relax.soft_ge(served.unsqueeze(-1), cum, tau)
         fin = fin + (c_next - c) * ((k + 1) / K)
@@ -82,13 +82,11 @@ def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: 
     rate = alloc * se * cfg.subband_hz / 8.0  # B/s while backlogged
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
-    eff_rate = busy * rate
-    served = eff_rate * avail_s
+    served = rate * avail_s
     c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
-    safe_rate = torch.where(eff_rate > 0, eff_rate, torch.ones_like(eff_rate)).unsqueeze(-1)
-    finish_s = sr_s.unsqueeze(-1) + relax.smin(cum, served.unsqueeze(-1), tau) / safe_rate
+    finish_s = sr_s.unsqueeze(-1) + relax.smin(cum, served.unsqueeze(-1), tau) / rate.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    tx_s = relax.smin(alloc, 1.0, tau) * relax.smin(total, served, tau) / rate
+    tx_s = busy * relax.smin(alloc, 1.0, tau) * relax.smin(total, served, tau) / rate
     return c, fin, served, tx_s, cum
 
 

@@ -168,10 +168,10 @@ def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
     """Backlog indicator from the soft count of incomplete messages: ``smin(mass, 1)`` (relative).
 
     At tau = 0 with binary sends it is 1 exactly when some queued message is not yet
-    complete, i.e. when the youngest queued byte is not yet served. Under mean-field sends
-    it is the probability-like weight of being backlogged, so the expected bytes of a
-    message sent with probability p are served at p times the slot capacity, and the
-    message completes when a real one would.
+    complete, i.e. when the youngest queued byte is not yet served. It weighs the robot
+    in the count of backlogged robots ``n`` and in its transmit energy. Counting mass rather
+    than bytes keeps the tiny byte remainders that a soft FIFO leaves behind (about
+    ``tau cum (cum / S)^{1/tau}``) from counting as a whole backlogged robot.
     """
     return smin(mass, 1.0, tau)
 

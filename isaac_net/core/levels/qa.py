@@ -38,7 +38,8 @@ class NetQA(DiscreteLevel):
         gain = self._harmonic[n]  # [E, 1]
         se = torch.clamp(torch.log2(1.0 + gain * snr_lin / torch.clamp(alloc, min=1.0)), max=cfg.se_max)
         rate = alloc * se * cfg.subband_hz / 8.0  # B/s
-        sr_s = torch.where(ctx.was_empty & ctx.captured, cfg.qa_sr_slots * cfg.slot_s, 0.0).to(self.dtype)
+        zero = torch.zeros_like(total)
+        sr_s = torch.where(ctx.was_empty & ctx.captured, zero + cfg.qa_sr_slots * cfg.slot_s, zero)
         avail_s = cfg.step_s - sr_s
         served = rate * avail_s
         done = q.valid & (cum <= served.unsqueeze(-1))

@@ -1,0 +1,251 @@
+"""The discrete levels L1 and QA against hand-computed cases and invariants (DESIGN.md §2)."""
+
+import math
+
+import pytest
+import torch
+from problems import DEVICES, random_scenario
+
+from isaac_net.core import CellConfig, make_engine
+from isaac_net.core.levels import KPI_KEYS
+
+F64 = torch.float64
+CFG = CellConfig()
+BYTES_PER_SB_SE = CFG.subband_hz * CFG.slot_s / 8.0  # 90 bytes per subband per unit SE per slot
+P_23DBM_W = 10 ** ((23 - 30) / 10)
+
+
+def one(level, R=1, cfg=None, dtype=F64):
+    return make_engine(level, 1, R, dtype=dtype, cfg=cfg)
+
+
+def run(engine, sends, sizes, snr_db, deadline=None):
+    return engine.step(torch.tensor([sends], dtype=F64), torch.tensor([sizes], dtype=F64),
+                       snr_db=torch.tensor([snr_db], dtype=F64), deadline=deadline)
+
+
+# ----------------------------------------------------------------------------- L1
+def test_l1_single_robot_se_cap_binds():
+    # 12 subbands x 5.5 b/s/Hz x 90 B = 5940 B per slot: 12 kB needs 3 slots, done in slot k = 2.
+    out = run(one("L1"), [1], [12_000.0], [40.0])
+    assert out["delivered"].item() == 1
+    assert out["delay_sum"].item() == pytest.approx(3 / 40, rel=1e-12)
+    assert out["aoi"].item() == 1
+    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 3 * CFG.slot_s, rel=1e-12)
+
+
+def test_l1_two_robots_share_then_one_alone():
+    # Both backlogged: 6 subbands each, 2970 B/slot. Robot 0 (4 kB) finishes in slot 1;
+    # robot 1 (12 kB) has 5940 B after slot 1, then gets all 12 subbands: 11880 after slot 2,
+    # 17820 after slot 3 -> done in slot 3.
+    out = run(one("L1", R=2), [1, 1], [4_000.0, 12_000.0], [40.0, 40.0])
+    assert out["delay_sum"][0].tolist() == pytest.approx([2 / 40, 4 / 40], rel=1e-12)
+    # Energy: share >= 1 so each backlogged slot is a full slot at full power.
+    assert out["energy_j"][0].tolist() == pytest.approx([P_23DBM_W * 2 * CFG.slot_s,
+                                                          P_23DBM_W * 4 * CFG.slot_s], rel=1e-12)
+
+
+def test_l1_power_split_over_subbands():
+    # snr 10 dB over 12 subbands: se = log2(1 + 10/12) per subband, 12 * se * 90 B per slot.
+    cap = 12 * math.log2(1 + 10 / 12) * BYTES_PER_SB_SE
+    size = 5.5 * cap  # done in slot k = 5
+    out = run(one("L1"), [1], [size], [10.0])
+    assert out["delay_sum"].item() == pytest.approx(6 / 40, rel=1e-12)
+    e = one("L1")
+    out = run(e, [1], [41 * cap], [10.0])  # needs 41 slots: not done in the first step
+    assert out["delivered"].item() == 0
+    assert e.queue.bytes[0, 0, 0].item() == pytest.approx(cap, rel=1e-9)
+
+
+def test_l1_share_below_one_subband_limits_energy():
+    # 24 robots, 12 subbands: share 0.5 -> each transmits half of each slot.
+    R = 24
+    e = one("L1", R=R)
+    out = run(e, [1] * R, [1e9] * R, [20.0] * R)
+    assert out["energy_j"][0, 0].item() == pytest.approx(P_23DBM_W * 0.5 * CFG.step_s, rel=1e-12)
+
+
+def test_l1_fifo_order():
+    e = one("L1")
+    big = 59.9 * 5940.0  # ~1.5 steps of service at the SE cap
+    first = run(e, [1], [big], [40.0])
+    second = run(e, [1], [1000.0], [40.0])
+    assert first["delivered"].item() == 0 and second["delivered"].item() == 2
+    # The old message finishes first, in slot 19 of step 2 (60 slots in all), the new one in slot 20.
+    assert e.queue.length.item() == 0
+    assert second["delay_sum"].item() == pytest.approx((1 + 20 / 40) + 21 / 40, rel=1e-12)
+
+
+def test_overflow_at_buffer_limit():
+    cfg = CellConfig(buffer_msgs=2)
+    e = one("L1", cfg=cfg)
+    outs = [run(e, [1], [1e9], [0.0]) for _ in range(3)]
+    assert [o["overflow"].item() for o in outs] == [0, 0, 1]
+    assert [o["queued_msgs"].item() for o in outs] == [1, 2, 2]
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_timeout_exactly_at_deadline(level):
+    e = one(level)
+    d = torch.tensor([[3.0]], dtype=F64)
+    outs = [run(e, [1 if t == 0 else 0], [1e9], [0.0], deadline=d) for t in range(4)]
+    # Generated at step 0: ages 1 and 2 survive, age 3 = deadline at the end of step 2.
+    assert [o["timeouts"].item() for o in outs] == [0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_aoi_sends_every_other_step(level):
+    e = one(level)
+    aoi = [run(e, [1 - t % 2], [1000.0], [30.0])["aoi"].item() for t in range(6)]
+    assert aoi == [1, 2, 1, 2, 1, 2]
+
+
+def test_aoi_grows_without_delivery_and_restarts_at_reset():
+    e = one("L1")
+    aoi = [run(e, [0], [1000.0], [30.0])["aoi"].item() for _ in range(3)]
+    e.reset()
+    aoi.append(run(e, [0], [1000.0], [30.0])["aoi"].item())
+    assert aoi == [1, 2, 3, 1]
+
+
+# ----------------------------------------------------------------------------- QA
+def qa_rate(snr_db, share, n):
+    snr = 10 ** (snr_db / 10)
+    m = max(math.floor(snr / 10 ** 1.5), 1)
+    alloc = min(share, m)
+    gain = sum(1 / j for j in range(1, n + 1))
+    se = min(math.log2(1 + gain * snr / max(alloc, 1)), 5.5)
+    return alloc * se * CFG.subband_hz / 8
+
+
+def test_qa_headroom_cap_and_sr_offset_single_robot():
+    # 20 dB: floor(100 / 31.6) = 3 subbands; G = H(1) = 1; SR offset 4 slots (queue was empty).
+    rate = qa_rate(20.0, 12.0, 1)
+    assert rate == pytest.approx(3 * math.log2(1 + 100 / 3) * 1.44e6 / 8)
+    out = run(one("QA"), [1], [12_000.0], [20.0])
+    finish_s = 4 * CFG.slot_s + 12_000 / rate
+    assert out["delay_sum"].item() == pytest.approx(finish_s / CFG.step_s, rel=1e-12)
+    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 1 * 12_000 / rate, rel=1e-12)
+
+
+def test_qa_harmonic_pf_gain():
+    # Three backlogged robots at 0 dB: share 4, m = 1, alloc 1, G = H(3) = 11/6.
+    out = run(one("QA", R=3), [1, 1, 1], [2_000.0] * 3, [0.0] * 3)
+    rate = 1 * math.log2(1 + 11 / 6) * 1.44e6 / 8
+    assert qa_rate(0.0, 4.0, 3) == pytest.approx(rate)
+    expected = (4 * CFG.slot_s + 2_000 / rate) / CFG.step_s
+    assert out["delay_sum"][0].tolist() == pytest.approx([expected] * 3, rel=1e-12)
+
+
+def test_qa_sr_offset_only_when_queue_was_empty():
+    e = one("QA")
+    rate = qa_rate(0.0, 12.0, 1)  # alloc 1 at 0 dB
+    size = rate * CFG.step_s * 1.5  # takes 1.5 steps
+    first = run(e, [1], [size], [0.0])
+    assert first["delivered"].item() == 0
+    second = run(e, [1], [100.0], [0.0])  # queue not empty: no SR offset this step
+    served_first_step = rate * (CFG.step_s - 4 * CFG.slot_s)
+    finish_old = (size - served_first_step) / rate
+    finish_new = finish_old + 100.0 / rate
+    assert second["delivered"].item() == 2
+    expected = (1 + finish_old / CFG.step_s) + finish_new / CFG.step_s
+    assert second["delay_sum"].item() == pytest.approx(expected, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- invariants
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_conservation_under_random_load(level, dtype, device):
+    for seed in range(3):
+        s = random_scenario(seed).to(dtype, device)
+        e = make_engine(level, s.E, s.R, device, cfg=s.cfg, dtype=dtype)
+        totals = {k: 0 for k in KPI_KEYS}
+        for t in range(s.T):
+            out = e.step((s.u[t] < s.p).to(dtype), s.B, snr_db=s.snr_db, deadline=s.deadline)
+            for k in ("offered", "delivered", "timeouts", "overflow"):
+                totals[k] = totals[k] + out[k]
+            residual = totals["offered"] - totals["delivered"] - totals["timeouts"] - totals["overflow"]
+            assert torch.equal(residual, out["queued_msgs"])
+            assert out["queued_msgs"].max() <= s.cfg.buffer_msgs
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_reset_leaves_other_envs_bit_identical(level):
+    s = random_scenario(7)
+    E = 4
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(E, 5, generator=g, dtype=F64)
+    B = 2000 + 30000 * torch.rand(E, 5, generator=g, dtype=F64)
+    snr = 5 + 20 * torch.rand(E, 5, generator=g, dtype=F64)
+    u = torch.rand(20, E, 5, generator=g, dtype=F64)
+    a, b = make_engine(level, E, 5, dtype=F64, cfg=s.cfg), make_engine(level, E, 5, dtype=F64, cfg=s.cfg)
+    for t in range(20):
+        if t == 10:
+            b.reset([1, 3])
+        oa = a.step((u[t] < p).double(), B, snr_db=snr)
+        ob = b.step((u[t] < p).double(), B, snr_db=snr)
+        for k in KPI_KEYS:
+            assert torch.equal(oa[k][[0, 2]], ob[k][[0, 2]]), k
+
+
+def test_positions_give_the_radio_snr():
+    pos = torch.tensor([[[100.0, 0.0]]], dtype=F64)
+    e1, e2 = one("L1"), one("L1")
+    snr = 23 - (22.4 + 35.3 * 2 + 21.3 * math.log10(3.5)) - (-174 + 10 * math.log10(1.44e6) + 9)
+    o1 = e1.step(torch.ones(1, 1), 30000.0, pos=pos, tx_dbm=23.0)
+    o2 = e2.step(torch.ones(1, 1), 30000.0, snr_db=snr)
+    assert o1["delay_sum"].item() == pytest.approx(o2["delay_sum"].item(), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- bad inputs
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(send=torch.full((2, 3), 0.5)), "send"),
+        (dict(send=torch.ones(3, 2)), r"send: expected shape \[2, 3\]"),
+        (dict(msg_bytes=-1.0), "msg_bytes"),
+        (dict(snr_db=float("nan")), "snr_db: expected finite"),
+        (dict(snr_db=None), "exactly one"),
+        (dict(pos=torch.zeros(2, 3, 2)), "exactly one"),
+        (dict(deadline=11), "deadline"),
+        (dict(deadline=2.5), "deadline"),
+        (dict(deadline=0), "deadline"),
+    ],
+)
+def test_bad_inputs_name_the_argument(kwargs, match):
+    e = make_engine("L1", 2, 3)
+    args = dict(send=torch.ones(2, 3), msg_bytes=1000.0, snr_db=10.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        e.step(args.pop("send"), args.pop("msg_bytes"), **args)
+
+
+def test_unknown_level_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown level 'L3'; expected one of: L1, QA, L2-legacy"):
+        make_engine("L3", 1, 1)
+
+
+def test_bad_config_and_dims():
+    with pytest.raises(ValueError, match="num_slots"):
+        CellConfig(num_slots=0)
+    with pytest.raises(ValueError, match="buffer_msgs"):
+        CellConfig(buffer_msgs=0)
+    with pytest.raises(ValueError, match="E: expected an integer >= 1"):
+        make_engine("L1", 0, 2)
+    with pytest.raises(TypeError, match="dtype"):
+        make_engine("QA", 1, 2, dtype=torch.int32)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    s = random_scenario(3)
+    outs = {}
+    for dev in ("cpu", "cuda"):
+        e = make_engine("L1", s.E, s.R, dev, cfg=s.cfg, dtype=F64)
+        sd = s.to(F64, dev)
+        tot = 0
+        for t in range(s.T):
+            tot = tot + e.step((sd.u[t] < sd.p).double(), sd.B, snr_db=sd.snr_db)["delivered"]
+        outs[dev] = tot.cpu()
+    assert torch.equal(outs["cpu"], outs["cuda"])

@@ -1,0 +1,94 @@
+"""Each relaxation: its exact hard limit at tau = 0 and its documented properties."""
+
+import math
+
+import pytest
+import torch
+
+from isaac_net.core.diff import relax
+
+F64 = torch.float64
+t = lambda *v: torch.tensor(v, dtype=F64)  # noqa: E731
+
+
+def test_smin_smax_properties():
+    a = t(0.0, 1.0, 4_000.0, 30_000.0, 5.0)
+    b = t(3.0, 1.0, 4_000.0, 1e9, 0.0)
+    assert torch.equal(relax.smin(a, b, 0.0), torch.minimum(a, b))
+    s = relax.smin(a, b, 0.05)
+    assert s[0] == 0 and s[4] == 0  # exact at 0
+    assert s[1].item() == pytest.approx(2 ** -0.05, rel=1e-12)  # crossing point a 2^-tau
+    assert s[2].item() == pytest.approx(4000 * 2 ** -0.05, rel=1e-12)  # relative: same for 4 kB
+    assert s[3].item() == pytest.approx(30_000.0, rel=1e-12)  # b >> a
+    m = relax.smax(a, b, 0.05)
+    assert m[0] == 3.0 and m[4] == 5.0
+    assert m[1].item() == pytest.approx(2 ** 0.05, rel=1e-12)
+    assert torch.equal(relax.smax(a, b, 0.0), torch.maximum(a, b))
+    assert (1 - 2 ** -0.05) == pytest.approx(0.034, abs=5e-4)  # the seed's 3.4 %
+
+
+def test_soft_ge_limits():
+    S, cum = t(0.0, 1.0, 2.0, 5.0, 1.0), t(1.0, 1.0, 1.0, 0.0, 2.0)
+    assert torch.equal(relax.soft_ge(S, cum, 0.0), t(0, 1, 1, 1, 0))
+    c = relax.soft_ge(S, cum, 0.1)
+    assert c[0] == 0 and c[3] == 1  # S = 0 < cum, cum = 0
+    assert c[1].item() == 0.5
+    assert c[2].item() == pytest.approx(1 / (1 + 2 ** -10), rel=1e-12)  # sigmoid(log 2 / 0.1)
+
+
+def test_fifo_remainder_hard_and_in_range():
+    x = t(1000.0, 2000.0, 3000.0)
+    cum = t(6000.0, 5000.0, 3000.0)  # FIFO order: slot 2 oldest
+    S = t(4000.0)
+    assert torch.equal(relax.fifo_remainder(x, cum, S, 0.0), t(1000.0, 1000.0, 0.0))
+    r = relax.fifo_remainder(x, cum, S, 0.05)
+    assert bool(((r >= 0) & (r <= x)).all())
+    assert r.sum().item() == pytest.approx((cum[0] - relax.smin(cum[0], S, 0.05)).item(), rel=1e-12)
+
+
+def test_survival_cumulates_to_s_of_age():
+    d = t(4.3).reshape(1, 1)
+    keep = relax.survival(d, 6, 0.2)[0, 0]
+    cumulative = torch.cumprod(keep, 0)
+    s = torch.sigmoid((4.3 - 0.5 - torch.arange(1, 7, dtype=F64)) / 0.2)
+    assert torch.allclose(cumulative[:-1], s[:-1], rtol=1e-12)
+    assert keep[-1] == 0  # the last age slot always times out
+    hard = relax.survival(t(4.0).reshape(1, 1), 6, 0.0)[0, 0]
+    assert hard.tolist() == [1, 1, 1, 0, 0, 0]  # ages 1, 2, 3 survive; age 4 = deadline drops
+
+
+def test_step_add_and_soft_floor():
+    assert relax.step_add(t(-0.5, 0.5), 0.0).tolist() == [0, 1]
+    y = t(0.0, 0.99, 1.0, 3.7, 40.0)
+    assert relax.soft_floor(y, 12, 0.0).tolist() == [0, 0, 1, 3, 12]
+    assert relax.soft_floor(t(3.5), 12, 0.01).item() == pytest.approx(3.0, abs=1e-12)
+
+
+def test_harmonic_at_integers_and_between():
+    n = t(1.0, 2.0, 3.0, 8.0)
+    exact = [sum(1 / j for j in range(1, int(k) + 1)) for k in n.tolist()]
+    assert relax.harmonic(n).tolist() == pytest.approx(exact, rel=1e-12)
+    assert 1.0 < relax.harmonic(t(1.5)).item() < 1.5
+
+
+def test_gates_and_relaxed_bernoulli():
+    assert relax.soft_empty(t(0.0, 1.0, 2.0), 0.0).tolist() == [1, 0, 0]
+    assert relax.soft_empty(t(0.0), 0.05).item() == 1.0
+    assert relax.soft_busy(t(0.0, 1.0, 3.0), 0.0).tolist() == [0, 1, 1]
+    p, u = t(0.3, 0.3, 0.7), t(0.2, 0.5, 0.6)
+    assert relax.relaxed_bernoulli(p, u, 0.0).tolist() == [1, 0, 1]
+    s = relax.relaxed_bernoulli(p, u, 0.01)
+    assert torch.allclose(s, t(1.0, 0.0, 1.0), atol=1e-3)
+    s = relax.relaxed_bernoulli(p.requires_grad_(), u, 0.5)
+    (g,) = torch.autograd.grad(s.sum(), p)
+    assert bool((g > 0).all()) and bool(torch.isfinite(g).all())
+
+
+@pytest.mark.parametrize("tau", [0.2, 0.05, 0.01])
+def test_relaxations_converge_to_hard(tau):
+    g = torch.Generator().manual_seed(0)
+    a = 10 ** (4 * torch.rand(1000, generator=g, dtype=F64))
+    b = 10 ** (4 * torch.rand(1000, generator=g, dtype=F64))
+    err = (relax.smin(a, b, tau) - torch.minimum(a, b)).abs() / torch.minimum(a, b)
+    assert err.max().item() <= 1 - 2 ** -tau + 1e-12
+    assert math.isfinite(err.max().item())

@@ -1,0 +1,161 @@
+"""The SLURM workflow profile (workflow/profiles/slurm) against the real workflow.
+
+A dry run of the ci pipeline through the profile (no cluster needed):
+
+    snakemake -n --workflow-profile workflow/profiles/slurm --configfile config/ci.yaml report
+
+checks that the profile parses with snakemake-executor-plugin-slurm's settings, that every
+stage rule of the workflow has its own resources entry (runtime, mem_mb) and gets as many
+CPUs as threads, and that the report is rendered locally. The real thing, on a throwaway
+single-node SLURM cluster, is tests/slurm/run_local_cluster.sh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip(
+    "snakemake_executor_plugin_slurm",
+    reason="snakemake-executor-plugin-slurm is not installed (pip install snakemake-executor-plugin-slurm)",
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "workflow" / "profiles" / "slurm"
+GPU_PROFILE = PROFILE / "gpu"
+CI_CONFIG = "config/ci.yaml"
+TARGET = "report"
+LOCAL_RULES = {"report"}  # rendered by the submitting snakemake (localrules in the Snakefile)
+
+
+def _snakemake() -> str:
+    exe = Path(sys.executable).with_name("snakemake")
+    return str(exe) if exe.exists() else (shutil.which("snakemake") or "snakemake")
+
+
+def _load(profile_dir: Path) -> dict:
+    return yaml.safe_load((profile_dir / "config.yaml").read_text())
+
+
+def _dry_run(profile_dir: Path, *extra: str) -> str:
+    if not (REPO / "Snakefile").exists() and not (REPO / "workflow" / "Snakefile").exists():
+        pytest.skip("the pipeline's Snakefile is not in this checkout")
+    if not (REPO / CI_CONFIG).exists():
+        pytest.skip(f"{CI_CONFIG} is not in this checkout")
+    # --cores: a dry run caps threads at the local cores; 64 shows each rule's own threads.
+    cmd = [
+        _snakemake(),
+        "-n",
+        "--nolock",
+        "--forceall",
+        "--cores",
+        "64",
+        "--workflow-profile",
+        str(profile_dir.relative_to(REPO)),
+        "--configfile",
+        CI_CONFIG,
+        *extra,
+        TARGET,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAKEMAKE_")}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"dry run failed:\n{' '.join(cmd)}\n{out[-4000:]}"
+    return out
+
+
+def _jobs(out: str) -> list[dict]:
+    """Every job block of a dry run: {"rule", "local", "threads", "resources"}."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", out):
+        m = re.match(r"(local)?rule (\w+):\n", block)
+        if not m:
+            continue
+        body = block.split("\n\n", 1)[0]
+        res = {}
+        rm = re.search(r"^\s+resources: (.*)$", body, re.M)
+        if rm:
+            for item in rm.group(1).split(", "):
+                k, _, v = item.partition("=")
+                res[k.strip()] = v.strip()
+        tm = re.search(r"^\s+threads: (\d+)$", body, re.M)
+        jobs.append(
+            {
+                "rule": m.group(2),
+                "local": bool(m.group(1)),
+                "threads": int(tm.group(1)) if tm else 1,
+                "resources": res,
+            }
+        )
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def ci_dry_run() -> str:
+    return _dry_run(PROFILE)
+
+
+def test_profile_selects_slurm_executor():
+    prof = _load(PROFILE)
+    assert prof["executor"] == "slurm"
+    assert int(prof["jobs"]) >= 1
+    for key in ("runtime", "mem_mb", "cpus_per_task"):
+        assert key in prof["default-resources"], key
+    for rule, res in prof["set-resources"].items():
+        assert {"runtime", "mem_mb", "cpus_per_task"} <= set(res), f"{rule}: {res}"
+        assert int(res["runtime"]) > 0 and int(res["mem_mb"]) > 0
+
+
+def test_dry_run_submits_every_stage_with_its_resources(ci_dry_run):
+    prof = _load(PROFILE)
+    jobs = _jobs(ci_dry_run)
+    assert jobs, ci_dry_run[-3000:]
+    remote = [j for j in jobs if not j["local"] and j["rule"] != "all"]
+    assert remote, "no job would be submitted to SLURM"
+    missing = sorted({j["rule"] for j in remote} - set(prof["set-resources"]))
+    assert not missing, f"stage rules without an entry in {PROFILE}/config.yaml set-resources: {missing}"
+    for j in remote:
+        want = prof["set-resources"][j["rule"]]
+        res = j["resources"]
+        assert res.get("runtime") == str(want["runtime"]), (j["rule"], res)
+        assert res.get("mem_mb") == str(want["mem_mb"]), (j["rule"], res)
+        assert int(res["cpus_per_task"]) >= j["threads"], (j["rule"], j["threads"], res)
+
+
+def test_report_and_plots_render_locally(ci_dry_run):
+    jobs = _jobs(ci_dry_run)
+    by_rule = {j["rule"]: j for j in jobs}
+    for rule in LOCAL_RULES:
+        assert rule in by_rule, f"no {rule} job in the dry run"
+        assert by_rule[rule]["local"], (
+            f"rule {rule} would be submitted to SLURM: declare `localrules: {rule}` in the Snakefile"
+        )
+
+
+def test_cost_reserves_its_largest_thread_count(ci_dry_run):
+    cfg = yaml.safe_load((REPO / CI_CONFIG).read_text())
+    want = max((cfg.get("cost") or {}).get("threads") or [1])
+    cost = [j for j in _jobs(ci_dry_run) if j["rule"] == "cost"]
+    if not cost:
+        pytest.skip("no cost rule in this workflow")
+    assert int(cost[0]["resources"]["cpus_per_task"]) >= want
+
+
+def test_gpu_profile_is_the_base_profile_plus_gpus():
+    base, gpu = _load(PROFILE), _load(GPU_PROFILE)
+    assert gpu.pop("config") == ["device=cuda"]
+    assert gpu["default-resources"].pop("gpu") == 1
+    assert gpu == base, "workflow/profiles/slurm/gpu/config.yaml drifted from ../config.yaml"
+
+
+def test_gpu_profile_dry_run_asks_for_gpus():
+    out = _dry_run(GPU_PROFILE)
+    remote = [j for j in _jobs(out) if not j["local"] and j["rule"] != "all"]
+    assert remote and all(j["resources"].get("gpu") == "1" for j in remote), remote
