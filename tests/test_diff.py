@@ -1,0 +1,281 @@
+"""DiffFluid (L1D, QAD): equivalence at tau = 0, conservation, gradients, edges, API."""
+
+import dataclasses
+
+import pytest
+import torch
+from problems import DEVICES, TOL, random_scenario, seed_scenario
+
+from isaac_net.core import CellConfig
+from isaac_net.core.diff import DiffFluid, rollout
+from isaac_net.core.diff.reference import discrete_rollout
+
+F64 = torch.float64
+MODES = ["L1", "QA"]
+COUNTS = ("offered", "delivered", "timeouts", "overflow", "queued_msgs", "aoi")
+
+
+def both(s, mode, tau=0.0, dtype=F64, device="cpu"):
+    s = s.to(dtype, device)
+    ref = discrete_rollout(mode, s.T, s.p, s.B, snr_db=s.snr_db, u=s.u, deadline=s.deadline,
+                           cfg=s.cfg, dtype=dtype, device=device)
+    net = DiffFluid(s.E, s.R, device, mode=mode, tau=tau, cfg=s.cfg, dtype=dtype)
+    out = rollout(net, s.T, s.p, s.B, snr_db=s.snr_db, u=s.u, deadline=s.deadline, sends="binary")
+    return ref, out
+
+
+def assert_equivalent(ref, out):
+    for k in COUNTS:
+        assert torch.equal(ref[k], out[k]), k
+    torch.testing.assert_close(out["delay_sum"], ref["delay_sum"], rtol=TOL["delay_sum_rel"], atol=1e-9)
+    torch.testing.assert_close(out["energy_j"], ref["energy_j"], rtol=TOL["energy_rel"], atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- equivalence
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["normal", "overload"])
+def test_equivalence_at_tau_zero_seed_cases(mode, case):
+    ref, out = both(seed_scenario(case), mode)
+    assert_equivalent(ref, out)
+    if case == "overload":  # both the buffer and the deadline bind
+        assert ref["overflow"].sum() > 0 and ref["timeouts"].sum() > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(6))
+def test_equivalence_at_tau_zero_random_scenarios(mode, seed):
+    assert_equivalent(*both(random_scenario(seed), mode))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_equivalence_float32(mode, device):
+    ref, out = both(seed_scenario("normal"), mode, dtype=torch.float32, device=device)
+    for k in ("offered", "delivered", "timeouts", "overflow"):
+        assert torch.equal(ref[k], out[k]), k
+
+
+# ----------------------------------------------------------------------------- conservation
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tau", [0.0, 0.01, 0.05, 0.2])
+@pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
+def test_mass_conservation_every_step(mode, tau, sends):
+    s = seed_scenario("overload", E=4, T=30)
+    net = DiffFluid(s.E, s.R, mode=mode, tau=tau, cfg=s.cfg, dtype=F64)
+    total = 0
+    for t in range(s.T):
+        send = s.p if sends == "mean_field" else torch.sigmoid((torch.logit(s.p) - torch.logit(s.u[t])) / 0.3)
+        out = net.step(send, s.B, snr_db=s.snr_db, deadline=s.deadline + 0.3 * (s.deadline < 6))
+        total = total + out["offered"] - out["delivered"] - out["timeouts"] - out["overflow"]
+        torch.testing.assert_close(total, out["queued_msgs"], rtol=0, atol=TOL["mass_abs"])
+        assert bool((net.state.w >= 0).all()) and bool((net.state.x >= -1e-6).all())
+
+
+# ----------------------------------------------------------------------------- gradients
+def tiny_problem(mode):
+    cfg = CellConfig(num_slots=4, buffer_msgs=2, timeout_steps=3, qa_sr_slots=1)
+    g = torch.Generator().manual_seed(5)
+    E, R = 2, 3
+    p = (0.3 + 0.5 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
+    B = (60e3 + 120e3 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
+    tx = (5.0 + 10 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
+    pos = (60 + 80 * torch.rand(E, R, 2, generator=g, dtype=F64)).requires_grad_()
+    dl = (2.2 + 0.6 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
+    return cfg, (p, B, tx, pos, dl)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck_float64(mode):
+    cfg, inputs = tiny_problem(mode)
+
+    def kpis(p, B, tx, pos, dl):
+        net = DiffFluid(2, 3, mode=mode, tau=0.1, cfg=cfg, dtype=F64)
+        k = rollout(net, 4, p, B, pos=pos, tx_dbm=tx, deadline=dl)
+        return torch.stack([k["mean_delay"], k["delivery_ratio"], k["mean_aoi"], 1e4 * k["mean_energy_j"]])
+
+    out = kpis(*inputs)
+    assert bool(torch.isfinite(out).all())
+    assert torch.autograd.gradcheck(kpis, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+def kpi_mix(k):
+    return k["mean_delay"] + 0.5 * k["mean_aoi"] + 50.0 * k["mean_energy_j"] - k["delivery_ratio"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_directional_derivative_matches_central_differences(mode):
+    g = torch.Generator().manual_seed(11)
+    E, R, T = 32, 8, 60
+    x0 = {
+        "p": 0.2 + 0.5 * torch.rand(E, R, generator=g, dtype=F64),
+        "B": 4000 + 26000 * torch.rand(E, R, generator=g, dtype=F64),
+        "tx_dbm": 15 + 10 * torch.rand(E, R, generator=g, dtype=F64),
+        "pos": 40 + 100 * torch.rand(E, R, 2, generator=g, dtype=F64),
+    }
+    scale = {"p": 0.1, "B": 1000.0, "tx_dbm": 1.0, "pos": 1.0}
+
+    def f(x):
+        net = DiffFluid(E, R, mode=mode, tau=0.05, dtype=F64)
+        return kpi_mix(rollout(net, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=5))
+
+    leaves = {k: v.clone().requires_grad_() for k, v in x0.items()}
+    f(leaves).backward()
+    h = 1e-5
+    for name in x0:
+        d = scale[name] * torch.randn(x0[name].shape, generator=g, dtype=F64)
+        ad = (leaves[name].grad * d).sum().item()
+        with torch.no_grad():
+            fp = f({**x0, name: x0[name] + h * d}).item()
+            fm = f({**x0, name: x0[name] - h * d}).item()
+        fd = (fp - fm) / (2 * h)
+        assert abs(fd - ad) <= TOL["fd_rel"] * abs(ad), (name, ad, fd)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_error_shrinks_as_tau_goes_to_zero(mode):
+    s = seed_scenario("normal", E=16, R=8, T=60)
+    ref, _ = both(s, mode)
+    err = {}
+    for tau in (0.2, 0.02, 0.002):
+        _, out = both(s, mode, tau=tau)
+        err[tau] = max(abs(out[k] - ref[k]).item() / ref[k].item() for k in ("mean_delay", "mean_aoi"))
+    assert err[0.2] > err[0.02] > err[0.002]
+    assert err[0.002] < 0.01
+
+
+def test_physical_signs():
+    E, R, T = 8, 4, 40
+    g = torch.Generator().manual_seed(3)
+    for mode in MODES:
+        p = torch.full((E, R), 0.5, dtype=F64, requires_grad=True)
+        B = torch.full((E, R), 20_000.0, dtype=F64, requires_grad=True)
+        tx = torch.full((E, R), 20.0, dtype=F64, requires_grad=True)
+        pos = 60 + 80 * torch.rand(E, R, 2, generator=g, dtype=F64)
+        k = rollout(DiffFluid(E, R, mode=mode, dtype=F64), T, p, B, pos=pos, tx_dbm=tx, warmup=5)
+        dp, dB, dtx = torch.autograd.grad(k["mean_delay"], (p, B, tx), retain_graph=True)
+        assert dp.sum() > 0 and dB.sum() > 0 and dtx.sum() < 0, mode
+        (de,) = torch.autograd.grad(k["mean_energy_j"], tx)
+        assert de.sum() > 0, mode
+
+
+# ----------------------------------------------------------------------------- state control
+def test_detach_cuts_the_graph():
+    p1 = torch.full((2, 3), 0.6, dtype=F64, requires_grad=True)
+    p2 = torch.full((2, 3), 0.6, dtype=F64, requires_grad=True)
+    for cut in (False, True):
+        net = DiffFluid(2, 3, mode="L1", dtype=F64)
+        for _ in range(3):
+            net.step(p1, 200_000.0, snr_db=5.0)
+        if cut:
+            net.detach()
+        out = net.step(p2, 200_000.0, snr_db=5.0)
+        g1, g2 = torch.autograd.grad(out["delay_sum"].sum(), (p1, p2), allow_unused=True)
+        if cut:
+            assert g1 is None and g2.abs().sum() > 0
+        else:
+            assert g1.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reset_leaves_other_envs_and_their_gradients(mode):
+    s = seed_scenario("normal", E=3, R=4, T=12)
+    res = []
+    for reset in (False, True):
+        p = s.p.clone().requires_grad_()
+        net = DiffFluid(3, 4, mode=mode, dtype=F64)
+        total = 0
+        for t in range(s.T):
+            if reset and t == 6:
+                net.reset([1])
+            out = net.step(p, s.B, snr_db=s.snr_db)
+            total = total + out["delay_sum"] + out["aoi"]
+        (g,) = torch.autograd.grad(total[[0, 2]].sum(), p)
+        res.append((total.detach(), g))
+    assert torch.equal(res[0][0][[0, 2]], res[1][0][[0, 2]])
+    assert torch.equal(res[0][1], res[1][1])
+    assert not torch.equal(res[0][0][1], res[1][0][1])
+
+
+def test_tau_can_change_between_steps():
+    net = DiffFluid(1, 2, mode="QA", tau=0.2)
+    net.step(0.5, 1e4, snr_db=10.0)
+    net.tau = 0.02
+    assert net.tau == 0.02 and net.tau_n == 0.02
+    net.step(0.5, 1e4, snr_db=10.0)
+
+
+# ----------------------------------------------------------------------------- edges
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_finite_at_the_edges(mode):
+    E, R = 2, 4
+    p = torch.tensor([[0.0, 1.0, 0.5, 0.3], [0.0, 0.0, 0.9, 1.0]], dtype=F64, requires_grad=True)
+    B = torch.full((E, R), 30_000.0, dtype=F64, requires_grad=True)
+    pos = torch.tensor([[[0.3, 0.2], [0.0, 0.0], [50, 0], [400, 300]]] * 2, dtype=F64, requires_grad=True)
+    dl = torch.full((E, R), 10.0, dtype=F64, requires_grad=True)  # deadline = timeout
+    for tau in (1e-4, 0.05):
+        net = DiffFluid(E, R, mode=mode, tau=tau, dtype=F64)
+        k = rollout(net, 15, p, B, pos=pos, tx_dbm=23.0, deadline=dl)
+        grads = torch.autograd.grad(kpi_mix(k), (p, B, pos, dl))
+        for gr in grads:
+            assert bool(torch.isfinite(gr).all())
+        assert grads[2][0, :2].abs().max() == 0  # inside 1 m: clamped, zero gradient
+
+
+def test_quick_start_runs_as_written():
+    E, R, T = 64, 8, 100
+    p = torch.full((E, R), 0.4, requires_grad=True)
+    B = torch.full((E, R), 12_000.0, requires_grad=True)
+    tx = torch.full((E, R), 23.0, requires_grad=True)
+    pos = (40 + 100 * torch.rand(E, R, 2, generator=torch.Generator().manual_seed(0))).requires_grad_()
+    net = DiffFluid(E, R, "cpu", mode="L1", tau=0.05)
+    kpi = rollout(net, T, p, B, pos=pos, tx_dbm=tx, warmup=10)
+    loss = kpi["mean_delay"] + 0.5 * kpi["mean_aoi"] + 50.0 * kpi["mean_energy_j"]
+    loss.backward()
+    for x in (p, B, tx, pos):
+        assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    assert B.grad.sum() > 0  # bigger messages: longer delay
+    assert tx.grad.sum() < 0  # more power: shorter delay, outweighs its energy at weight 50
+    assert 0.9 < kpi["delivery_ratio"].item() <= 1.0
+
+
+# ----------------------------------------------------------------------------- bad inputs
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(send=1.2), r"send: expected send weights in \[0, 1\]"),
+        (dict(send=torch.full((3, 2), 0.5)), r"send: expected shape \[2, 3\]"),
+        (dict(msg_bytes=0.0), "msg_bytes"),
+        (dict(msg_bytes=float("nan")), "msg_bytes: expected finite"),
+        (dict(deadline=10.5), r"deadline: expected values in \[1, timeout_steps=10\]"),
+        (dict(pos=torch.zeros(2, 3, 2)), "exactly one"),
+    ],
+)
+def test_bad_step_inputs(kwargs, match):
+    net = DiffFluid(2, 3)
+    args = dict(send=0.5, msg_bytes=1000.0, snr_db=10.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        net.step(args.pop("send"), args.pop("msg_bytes"), **args)
+
+
+def test_bad_constructor_and_rollout_inputs():
+    with pytest.raises(ValueError, match="unknown mode 'L2'; expected one of: L1, QA"):
+        DiffFluid(1, 1, mode="L2")
+    with pytest.raises(ValueError, match="tau"):
+        DiffFluid(1, 1, tau=-0.1)
+    net = DiffFluid(2, 3)
+    with pytest.raises(ValueError, match=r"p: expected probabilities in \[0, 1\]"):
+        rollout(net, 5, 1.5, 1000.0, snr_db=10.0)
+    with pytest.raises(ValueError, match="unknown sends"):
+        rollout(net, 5, 0.5, 1000.0, snr_db=10.0, sends="poisson")
+    with pytest.raises(ValueError, match="u: expected uniforms of shape"):
+        rollout(net, 5, 0.5, 1000.0, snr_db=10.0, sends="binary", u=torch.rand(4, 2, 3))
+    with pytest.raises(ValueError, match="warmup"):
+        rollout(net, 5, 0.5, 1000.0, snr_db=10.0, warmup=5)
+
+
+def test_config_changes_are_respected():
+    cfg = dataclasses.replace(CellConfig(), timeout_steps=4)
+    net = DiffFluid(1, 1, cfg=cfg)
+    assert net.state.x.shape == (1, 1, 4)
