@@ -6,6 +6,7 @@ import torch
 
 from isaac_net.core.levels.base import KPI_KEYS, DiscreteLevel
 from isaac_net.core.levels.l1 import NetFluid
+from isaac_net.core.levels.l2_legacy import L2LegacyConfig
 from isaac_net.core.levels.qa import NetQA
 
 
@@ -38,4 +39,4 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
     return engine
 
 
-__all__ = ["KPI_KEYS", "LEVELS", "DiscreteLevel", "NetFluid", "NetQA", "make_engine"]
+__all__ = ["KPI_KEYS", "LEVELS", "DiscreteLevel", "L2LegacyConfig", "NetFluid", "NetQA", "make_engine"]

@@ -84,8 +84,8 @@ class L2LegacyConfig:
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= lo):
                 raise ValueError(f"L2LegacyConfig.{name} must be an integer >= {lo}, got {v!r}")
         if self.harq_rtt_slots <= self.k2_slots:
-            raise ValueError(f"L2LegacyConfig.harq_rtt_slots must exceed k2_slots={self.k2_slots} "
-                             f"(the gNB must know a retransmission when it grants), got {self.harq_rtt_slots}")
+            raise ValueError(f"L2LegacyConfig.harq_rtt_slots must exceed k2_slots={self.k2_slots} (the gNB "
+                             f"must know a retransmission when it grants), got {self.harq_rtt_slots}")
         positive = ("sr_grant_bytes", "olla_max_db", "bler_slope_db", "pf_avg_init_bytes")
         for name in positive:
             v = getattr(self, name)
@@ -96,12 +96,14 @@ class L2LegacyConfig:
             if not (isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"L2LegacyConfig.{name} must be a finite number >= 0, got {v!r}")
         if not (0 < self.olla_target_bler < 1):
-            raise ValueError(f"L2LegacyConfig.olla_target_bler must be in (0, 1), got {self.olla_target_bler!r}")
+            raise ValueError(
+                f"L2LegacyConfig.olla_target_bler must be in (0, 1), got {self.olla_target_bler!r}")
         if not (0 <= self.pf_beta < 1):
             raise ValueError(f"L2LegacyConfig.pf_beta must be in [0, 1), got {self.pf_beta!r}")
         se = tuple(self.mcs_se)
         if not (len(se) >= 1 and all(isinstance(x, numbers.Real) and x > 0 for x in se)):
-            raise ValueError(f"L2LegacyConfig.mcs_se must be a non-empty tuple of SE > 0, got {self.mcs_se!r}")
+            raise ValueError(
+                f"L2LegacyConfig.mcs_se must be a non-empty tuple of SE > 0, got {self.mcs_se!r}")
 
     @property
     def olla_down_db(self) -> float:
@@ -144,6 +146,7 @@ class NetL2Legacy(DiscreteLevel):
         # Tables.
         se = torch.tensor(l2.mcs_se, dtype=torch.float64)
         self._thr_db = mech.mcs_thresholds_db(se, l2.bler_gap_db).to(dtype).to(dev)
+        self._sel_db = mech.selection_bounds_db(self._thr_db)
         self._bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
         self._tbs_per_sb = (se * self._bytes_per_sb_se).to(dtype).to(dev)  # [M] bytes per subband
         self._se_max = float(max(l2.mcs_se))
@@ -161,8 +164,8 @@ class NetL2Legacy(DiscreteLevel):
         zl = dict(dtype=torch.long, device=dev)
         # Per message, in age order: index j = A - 1 - age (oldest first, FIFO order).
         self._pending = torch.zeros(E, R, A, **z)  # bytes in TBs in HARQ
-        self._held = torch.zeros(E, R, A, **z)  # bytes waiting for an RLC retransmission
-        self._held_until = torch.zeros(E, R, A, **zl)  # slot the held bytes return
+        # Bytes waiting for an RLC retransmission, by the slot they return: slot u at u % D.
+        self._held = torch.zeros(l2.rlc_delay_slots + 1, E, R, A, **z)
         self._rlc_cnt = torch.zeros(E, R, A, **zl)  # RLC retransmission rounds so far
         self._round_slot = torch.zeros(E, R, A, **zl)  # slot the last round's bytes returned
         # HARQ processes: process p serves the slots s with s % P == p.
@@ -187,7 +190,8 @@ class NetL2Legacy(DiscreteLevel):
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
         m = env_mask
-        for name in ("_pending", "_held", "_held_until", "_rlc_cnt", "_round_slot", "_hq_active",
+        self._held[:, m] = 0
+        for name in ("_pending", "_rlc_cnt", "_round_slot", "_hq_active",
                      "_hq_content", "_hq_sb", "_hq_mcs", "_hq_acc", "_hq_ntx", "_hq_first", "_outstanding",
                      "_known", "_olla_db"):
             x = getattr(self, name)
@@ -230,12 +234,13 @@ class NetL2Legacy(DiscreteLevel):
         live = torch.zeros(E, R, A + 1, dtype=torch.bool, device=dev).scatter_(-1, idx, valid)[..., :A]
         # Messages gone since the last step (delivered, timed out, lost) leave nothing behind.
         dead = ~live
-        for x in (self._pending, self._held, self._rlc_cnt, self._round_slot):
+        for x in (self._pending, self._held, self._rlc_cnt, self._round_slot):  # (held: [D, E, R, A])
             x.masked_fill_(dead, 0)
         self._hq_content.masked_fill_(dead.unsqueeze(2), 0)
-        held, held_until, rlc_cnt, round_slot = self._held, self._held_until, self._rlc_cnt, self._round_slot
+        held, rlc_cnt, round_slot = self._held, self._rlc_cnt, self._round_slot
+        D = held.shape[0]
         # Bytes not yet in any TB (nor held by RLC): the only ones a new TB may take.
-        unsched = bytes_ - self._pending - held
+        unsched = bytes_ - self._pending - held.sum(0)
         # Unacked bytes; +inf marks a message that can no longer complete (absent, done, lost).
         bytes_ = bytes_.masked_fill(dead, inf)
         usable = live.clone()  # not lost by RLC
@@ -244,7 +249,7 @@ class NetL2Legacy(DiscreteLevel):
         hq_active, hq_content, hq_sb = self._hq_active, self._hq_content, self._hq_sb
         hq_mcs, hq_acc, hq_ntx, hq_first = self._hq_mcs, self._hq_acc, self._hq_ntx, self._hq_first
         gr_sb, gr_mcs, gr_tbs = self._gr_sb, self._gr_mcs, self._gr_tbs
-        gains, thr_db, tbs_per_sb = self._gains, self._thr_db, self._tbs_per_sb
+        gains, thr_db, sel_db, tbs_per_sb = self._gains, self._thr_db, self._sel_db, self._tbs_per_sb
         up, down, omax, beta = l2.olla_up_db, l2.olla_down_db, l2.olla_max_db, l2.pf_beta
 
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
@@ -264,13 +269,13 @@ class NetL2Legacy(DiscreteLevel):
                 b_est = (s - l2.est_delay_slots) // coh
                 x_est = snr3 * gains[b_est % H]
                 se_est = torch.log2(1.0 + x_est).clamp_(max=self._se_max)
+                order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
                 cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
                                                         self._gap_lin, self._min_sinr_lin, S)
 
-            # RLC: held bytes whose delay is over are back in the buffer.
-            ret = torch.where(held_until <= s, held, zero)
-            held -= ret
-            unsched += ret
+            # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
+            unsched += torch.where(usable, held[s % D], zero)
+            held[s % D] = 0
 
             # Transmission: the retransmission due now, or a new TB on the grant of slot s.
             p, gi = s % P, s % K2
@@ -283,8 +288,8 @@ class NetL2Legacy(DiscreteLevel):
             is_new = tb_bytes > 0
             is_tx = is_retx | is_new
             sb = torch.where(is_retx.unsqueeze(-1), hq_sb[:, :, p], gr_sb[gi])
-            n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).unsqueeze(-1)
-            acc = hq_acc[:, :, p] + mech.effective_sinr_lin(rx_now / n_sb, sb)  # chase combining
+            n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).to(dt)
+            acc = hq_acc[:, :, p] + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
             mcs = torch.where(is_retx, hq_mcs[:, :, p], gr_mcs[gi])
             bl = mech.bler(10.0 * torch.log10(acc.clamp(min=1e-30)), mcs, thr_db, l2.bler_slope_db)
             nack = (uniforms[k] < bl) & is_tx
@@ -311,12 +316,11 @@ class NetL2Legacy(DiscreteLevel):
             requeue = failed ^ is_lost
             is_round = new_round ^ is_lost
             usable ^= is_lost
-            for x in (bytes_, unsched, held):
-                x.masked_fill_(is_lost, inf if x is bytes_ else 0.0)
+            bytes_.masked_fill_(is_lost, inf)
+            unsched.masked_fill_(is_lost, 0.0)
             rlc_cnt += is_round
             round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
-            held += torch.where(requeue, content, zero)
-            held_until.masked_fill_(requeue, s + l2.rlc_delay_slots)
+            held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, content, zero)
 
             hq_active[:, :, p] = keep
             hq_content[:, :, p] = torch.where(keep.unsqueeze(-1), content, zero)
@@ -342,11 +346,11 @@ class NetL2Legacy(DiscreteLevel):
             pu = (s + K2) % P
             need = mech.subbands_needed(torch.where(hq_active[:, :, pu], zero, known), cap, max_sb)
             metric = se_est / avg.clamp(min=1e-3).unsqueeze(-1)
-            alloc = mech.pf_allocate(metric, need, ~hq_sb[:, :, pu].any(1), l2.pf_rounds)
-            n_alloc = torch.count_nonzero(alloc, -1).unsqueeze(-1)
-            eff_est = mech.effective_sinr_lin(x_est / n_alloc.clamp(min=1), alloc)
-            mcs_new = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla, thr_db)
-            tbs_new = torch.floor(n_alloc.squeeze(-1) * tbs_per_sb[mcs_new])
+            alloc = mech.pf_allocate(metric, need, ~hq_sb[:, :, pu].any(1), l2.pf_rounds, order)
+            n_alloc = torch.count_nonzero(alloc, -1).to(dt)
+            eff_est = mech.effective_sinr_lin(x_est / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
+            mcs_new = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla, sel_db)
+            tbs_new = torch.floor(n_alloc * torch.take(tbs_per_sb, mcs_new))
             gr_sb[gi] = alloc
             gr_mcs[gi] = mcs_new
             gr_tbs[gi] = tbs_new
@@ -358,17 +362,16 @@ class NetL2Legacy(DiscreteLevel):
                 log[key].append(v)
             if self.trace is not None:
                 self.trace.append(dict(
-                    s=s, k=k, gain=rx_now / snr3, u=uniforms[k], is_new=is_new, is_retx=is_retx, nack=nack,
-                    fail=fail, ntx=ntx, tb_bytes=tb_bytes, content=content, sb=sb, mcs=mcs, bler=bl,
-                    requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=alloc, need=need,
-                    tbs_grant=tbs_new, metric=metric, sendable=sendable, unsched=unsched.clone(),
-                    held=held.clone(), olla_db=olla))
+                    s=s, k=k, gain=gains[b_now % H].clone(), u=uniforms[k], is_new=is_new, is_retx=is_retx,
+                    nack=nack, fail=fail, ntx=ntx, tb_bytes=tb_bytes, content=content, sb=sb, mcs=mcs,
+                    bler=bl, requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=alloc,
+                    need=need, tbs_grant=tbs_new, metric=metric, sendable=sendable, unsched=unsched.clone(),
+                    held=held.sum(0), olla_db=olla))
 
         self._known, self._outstanding, self._olla_db, self._avg_thr = known, outstanding, olla, avg
         done_a = finish_slot >= 0
         bytes_ = torch.where(usable & ~done_a, bytes_, 0.0)
-        self._pending = bytes_ - unsched - held  # bytes in HARQ, carried to the next step
-        self._held = held
+        self._pending = bytes_ - unsched - held.sum(0)  # bytes in HARQ, carried to the next step
         st = {key: torch.stack(v) for key, v in log.items()}
         c = self.counters
         c["tx_first"] += st["new"].sum(0)
@@ -391,6 +394,6 @@ class NetL2Legacy(DiscreteLevel):
 
     def _shift_ages(self) -> None:
         """Every message is one step older: index ``j`` moves to ``j - 1``; the newest slot is empty."""
-        for name in ("_pending", "_held", "_held_until", "_rlc_cnt", "_round_slot", "_hq_content"):
+        for name in ("_pending", "_held", "_rlc_cnt", "_round_slot", "_hq_content"):
             x = getattr(self, name)
             setattr(self, name, torch.cat([x[..., 1:], torch.zeros_like(x[..., :1])], -1))

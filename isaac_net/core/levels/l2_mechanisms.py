@@ -47,7 +47,7 @@ def bler(sinr_db: torch.Tensor, mcs: torch.Tensor, thr_db: torch.Tensor, slope_d
     :input sinr_db: ``[...]`` dB. :input mcs: ``[...]`` long. :input thr_db: ``[M]`` dB.
     :output: ``[...]`` in (0, 1).
     """
-    return torch.sigmoid(-((sinr_db - thr_db[mcs]) / slope_db + _LN9))
+    return torch.sigmoid(-((sinr_db - torch.take(thr_db, mcs)) / slope_db + _LN9))
 
 
 def select_mcs(sinr_est_db: torch.Tensor, offset_db: torch.Tensor, thr_db: torch.Tensor) -> torch.Tensor:
@@ -55,14 +55,22 @@ def select_mcs(sinr_est_db: torch.Tensor, offset_db: torch.Tensor, thr_db: torch
 
     :input sinr_est_db: ``[...]`` estimated effective SINR, dB.
     :input offset_db: broadcastable to ``[...]``, OLLA offset, dB (positive = more careful).
-    :input thr_db: ``[M]`` thresholds, dB.
+    :input thr_db: ``[M]`` thresholds, dB, non-decreasing (see :func:`selection_bounds_db`).
     :output: ``[...]`` long MCS index in ``[0, M)``.
     """
-    # A running max makes the boundaries non-decreasing (MCS 17 dips below MCS 16), so an
-    # MCS whose threshold is above a higher MCS's is skipped.
-    bounds = torch.cummax(thr_db, 0).values
     x = (sinr_est_db - offset_db).contiguous()
-    return (torch.searchsorted(bounds, x, right=True) - 1).clamp_(min=0)
+    return (torch.searchsorted(thr_db, x, right=True) - 1).clamp_(min=0)
+
+
+def selection_bounds_db(thr_db: torch.Tensor) -> torch.Tensor:
+    """Thresholds made non-decreasing by a running max, for :func:`select_mcs`.
+
+    MCS 17 of the NR table has a lower SE (and threshold) than MCS 16; with the running max
+    the selection never picks MCS 16, whose threshold exceeds that of a faster MCS.
+
+    :input thr_db: ``[M]`` dB. :output: ``[M]`` dB.
+    """
+    return torch.cummax(thr_db, 0).values
 
 
 def olla_update(offset_db: torch.Tensor, is_tx: torch.Tensor, is_nack: torch.Tensor,
@@ -78,21 +86,26 @@ def olla_update(offset_db: torch.Tensor, is_tx: torch.Tensor, is_nack: torch.Ten
     return torch.where(is_tx, (offset_db + step).clamp(-max_db, max_db), offset_db)
 
 
-def effective_sinr_lin(sinr_lin: torch.Tensor, is_alloc: torch.Tensor) -> torch.Tensor:
+def effective_sinr_lin(sinr_lin: torch.Tensor, is_alloc: torch.Tensor,
+                       num_alloc: torch.Tensor | None = None) -> torch.Tensor:
     """Effective SINR of a TB spread over several subbands (Shannon mutual-information ESM).
 
     The equivalent of EESM with the Shannon capacity as the information measure (MIESM):
 
-    .. math:: \\gamma_\\mathrm{eff} = 2^{\\frac{1}{n}\\sum_{b \\in \\mathrm{alloc}} \\log_2(1 + \\gamma_b)} - 1
+    .. math::
+        \\gamma_\\mathrm{eff} = 2^{\\frac{1}{n}\\sum_{b \\in \\mathrm{alloc}} \\log_2(1 + \\gamma_b)} - 1
 
     It has no per-MCS calibration factor, is exact for a flat channel, and lies between
     the smallest and the mean per-subband SINR.
 
     :input sinr_lin: ``[..., S]`` per-subband SINR, linear. :input is_alloc: ``[..., S]`` bool.
+    :input num_alloc: ``[...]`` the number of allocated subbands, if the caller has it.
     :output: ``[...]`` linear (0 where nothing is allocated).
     """
-    n = torch.count_nonzero(is_alloc, -1).clamp_(min=1)
-    mi = (torch.log2(1.0 + sinr_lin) * is_alloc).sum(-1) / n
+    if num_alloc is None:
+        num_alloc = torch.count_nonzero(is_alloc, -1)
+    zero = torch.zeros((), dtype=sinr_lin.dtype, device=sinr_lin.device)
+    mi = torch.where(is_alloc, torch.log2(1.0 + sinr_lin), zero).sum(-1) / num_alloc.clamp(min=1)
     return torch.exp2(mi) - 1.0
 
 
@@ -125,7 +138,7 @@ def subbands_needed(known_bytes: torch.Tensor, cap: torch.Tensor, max_sb: torch.
 
 
 def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
-                num_rounds: int) -> torch.Tensor:
+                num_rounds: int, order: torch.Tensor | None = None) -> torch.Tensor:
     """Subband-by-subband proportional-fair allocation, bounded by what each robot needs.
 
     Each round, every free subband goes to the robot with the highest metric among those
@@ -136,25 +149,30 @@ def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
     :input metric: ``[E, R, S]`` PF metric (achievable rate over average throughput), > -inf.
     :input need: ``[E, R]`` subbands each robot can use (0: nothing known, never scheduled).
     :input is_free: ``[E, S]`` bool, subbands open to new transmissions.
+    :input order: ``[E, R, S]`` each robot's subbands by decreasing metric (``argsort`` of
+        ``metric``; a caller whose metric ranks subbands the same way for many calls may
+        pass it once computed).
     :output: ``[E, R, S]`` bool; each subband goes to at most one robot.
     """
-    E, R, S = metric.shape
-    order = torch.argsort(metric, dim=-1, descending=True)  # [E, R, S] each robot's subbands, best first
+    if order is None:
+        order = torch.argsort(metric, dim=-1, descending=True)
     alloc = torch.zeros_like(metric, dtype=torch.bool)
-    need_left = need.clone()
-    neg_inf = torch.tensor(-math.inf, dtype=metric.dtype, device=metric.device)
-    robots = torch.arange(R, device=metric.device).view(1, R, 1)
+    need_left = need
+    is_open = is_free  # [E, S] subbands still to settle
+    neg_inf = torch.full((), -math.inf, dtype=metric.dtype, device=metric.device)
     for _ in range(num_rounds):
-        free = is_free & ~alloc.any(1)  # [E, S]
-        m = torch.where((need_left > 0).unsqueeze(-1) & free.unsqueeze(1), metric, neg_inf)
-        best = m.max(1)  # over robots
-        offered = (robots == best.indices.unsqueeze(1)) & (best.values > neg_inf).unsqueeze(1)
+        m = torch.where((need_left > 0).unsqueeze(-1) & is_open.unsqueeze(1), metric, neg_inf)
+        best = m.max(1)  # over robots: [E, S]
+        has = best.values > neg_inf
+        winner = best.indices.unsqueeze(1)  # [E, 1, S]
+        offered = torch.zeros_like(alloc).scatter_(1, winner, has.unsqueeze(1))
         offered_sorted = torch.gather(offered, -1, order)
-        rank = offered_sorted.cumsum(-1)
-        kept_sorted = offered_sorted & (rank <= need_left.unsqueeze(-1))
-        kept = torch.zeros_like(alloc).scatter_(-1, order, kept_sorted)
-        alloc = alloc | kept
-        need_left = need_left - torch.count_nonzero(kept, -1)
+        rank = offered_sorted.cumsum(-1)  # [E, R, S] offered subbands so far, best first
+        kept = torch.zeros_like(alloc).scatter_(-1, order, offered_sorted & (rank <= need_left.unsqueeze(-1)))
+        alloc |= kept
+        need_left = need_left - torch.minimum(rank[..., -1], need_left)
+        # A subband nobody wanted stays unwanted (needs only shrink); a declined one reopens.
+        is_open = has & ~torch.gather(kept, 1, winner).squeeze(1)
     return alloc
 
 
