@@ -337,6 +337,22 @@ def test_sr_bsr_delay_of_an_isolated_message():
         assert eng.counters["sr"].sum().item() == E * R
 
 
+def test_a_byte_is_acked_once_and_never_both_delivered_and_queued():
+    """Bytes of ACKed TBs = bytes of the delivered messages + the served part of the queued ones."""
+    E, R, T, size = 8, 3, 12, 9000.0
+    eng, outs = _traced(E, R, T, 0.5, size, 15.0, seed=4)
+    assert sum(o["timeouts"].sum().item() for o in outs) == 0
+    acked = torch.zeros(E, R)
+    for d in eng.trace:
+        assert bool((d["unsched"] >= 0).all()) and bool((d["held"] >= 0).all())
+        ack = (d["is_new"] | d["is_retx"]) & ~d["nack"]
+        acked += (d["content"] * ack.unsqueeze(-1)).sum(-1)
+    delivered = sum(o["delivered"] for o in outs)
+    q = eng.queue
+    served_queued = ((size - q.bytes) * q.valid).sum(-1)
+    torch.testing.assert_close(acked, delivered * size + served_queued, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- the whole level
 def test_conservation_every_step():
     E, R, T = 8, 6, 25
@@ -466,10 +482,24 @@ def test_bad_constructor_arguments():
 
 
 # ---------------------------------------------------------------- peer
-def test_mcs_table_matches_sionna_peer():
-    pytest.importorskip("sionna.sys")
+def test_mcs_table_and_olla_match_sionna_sys_peer():
+    """Sionna SYS as a peer: the same NR MCS table (PUSCH, table 1) and the same OLLA rule."""
+    sys_ = pytest.importorskip("sionna.sys")
     from sionna.phy.nr.utils import decode_mcs_index
 
     for m, se in enumerate(mech.NR_MCS_SE):
         qm, rate = decode_mcs_index(m, table_index=1, is_pusch=True)
         assert float(qm) * float(rate) == pytest.approx(se, abs=1e-3)
+    N = 64
+    peer = sys_.OuterLoopLinkAdaptation(sys_.PHYAbstraction(), num_ut=N, bler_target=L2.olla_target_bler,
+                                        delta_up=L2.olla_up_db, offset_min=-L2.olla_max_db,
+                                        offset_max=L2.olla_max_db)
+    ours = torch.zeros(N)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        feedback = torch.randint(-1, 2, (N,), generator=g)  # -1: none, 0: NACK, 1: ACK
+        feedback[: N // 4] = torch.where(feedback[: N // 4] == 1, 0, feedback[: N // 4])  # some hit the clamp
+        peer(torch.full((N,), 100), feedback, torch.full((N,), 10.0))
+        ours = mech.olla_update(ours, feedback >= 0, feedback == 0, L2.olla_up_db, L2.olla_down_db,
+                                L2.olla_max_db)
+        torch.testing.assert_close(peer.offset.float(), ours, atol=1e-4, rtol=0)
