@@ -255,6 +255,17 @@ def test_harq_retransmits_exactly_the_failed_tbs_after_the_rtt():
     assert eng.counters["harq_fail"].sum().item() == fail_seen
 
 
+def test_level_draws_nack_as_u_below_the_bler_curve():
+    """The level tests the BLER draw in logit form; it is the same event as ``u < bler``."""
+    eng, _ = _traced(8, 4, 3, 0.7, 20_000.0, torch.linspace(5.0, 25.0, 32).view(8, 4))
+    n = agree = 0
+    for d in eng.trace:
+        tx = d["is_new"] | d["is_retx"]
+        n += int(tx.sum())
+        agree += int((d["nack"] == (d["u"] < d["bler"]))[tx].sum())
+    assert n > 1000 and agree >= n - 1  # float rounding may flip a draw sitting on the curve
+
+
 def test_rlc_requeues_what_harq_lost():
     """With a single HARQ transmission every NACK is a HARQ failure; RLC resends the bytes
     after rlc_delay_slots, so the messages still arrive."""

@@ -152,6 +152,16 @@ class NetL2Legacy(DiscreteLevel):
         self._se_max = float(max(l2.mcs_se))
         self._gap_lin = 10.0 ** (l2.bler_gap_db / 10.0)
         self._min_sinr_lin = 10.0 ** (float(self._thr_db[0]) / 10.0)
+        # The BLER draw u < bler(mcs, sinr) in logit form: c ln(sinr_lin) + b[mcs] < -logit(u)
+        # (the same test as mech.bler, fewer kernels per slot).
+        self._bler_c = 10.0 / (math.log(10.0) * l2.bler_slope_db)
+        self._bler_b = math.log(9.0) - self._thr_db / l2.bler_slope_db  # [M]
+        # 0-d constants (a Python scalar in torch.where costs a conversion per call).
+        self._zero = torch.zeros((), dtype=dtype, device=dev)
+        self._zero_l = torch.zeros((), dtype=torch.long, device=dev)
+        self._sr_bytes = torch.full((), l2.sr_grant_bytes, dtype=dtype, device=dev)
+        # On the CPU a branch on a tensor costs no device sync, so rare work can be skipped.
+        self._host_branches = self.device.type == "cpu"
         r = torch.arange(R, device=dev)
         self._sr_occasion = (torch.arange(l2.sr_period_slots, device=dev).unsqueeze(1)
                              == (r % l2.sr_period_slots).unsqueeze(0))  # [period, R]
@@ -168,14 +178,14 @@ class NetL2Legacy(DiscreteLevel):
         self._held = torch.zeros(l2.rlc_delay_slots + 1, E, R, A, **z)
         self._rlc_cnt = torch.zeros(E, R, A, **zl)  # RLC retransmission rounds so far
         self._round_slot = torch.zeros(E, R, A, **zl)  # slot the last round's bytes returned
-        # HARQ processes: process p serves the slots s with s % P == p.
-        self._hq_active = torch.zeros(E, R, P, dtype=torch.bool, device=dev)
-        self._hq_content = torch.zeros(E, R, P, A, **z)  # bytes of each message in the TB
-        self._hq_sb = torch.zeros(E, R, P, S, dtype=torch.bool, device=dev)
-        self._hq_mcs = torch.zeros(E, R, P, **zl)
-        self._hq_acc = torch.zeros(E, R, P, **z)  # chase-combined SINR, linear
-        self._hq_ntx = torch.zeros(E, R, P, **zl)
-        self._hq_first = torch.zeros(E, R, P, **zl)  # slot of the TB's first transmission
+        # HARQ processes, process-major: process p serves the slots s with s % P == p.
+        self._hq_active = torch.zeros(P, E, R, dtype=torch.bool, device=dev)
+        self._hq_content = torch.zeros(P, E, R, A, **z)  # bytes of each message in the TB
+        self._hq_sb = torch.zeros(P, E, R, S, dtype=torch.bool, device=dev)
+        self._hq_mcs = torch.zeros(P, E, R, **zl)
+        self._hq_acc = torch.zeros(P, E, R, **z)  # chase-combined SINR, linear
+        self._hq_ntx = torch.zeros(P, E, R, **zl)
+        self._hq_first = torch.zeros(P, E, R, **zl)  # slot of the TB's first transmission
         # Grants issued for the next K2 slots: slot u lives at u % K2.
         self._gr_sb = torch.zeros(K2, E, R, S, dtype=torch.bool, device=dev)
         self._gr_mcs = torch.zeros(K2, E, R, **zl)
@@ -190,13 +200,10 @@ class NetL2Legacy(DiscreteLevel):
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
         m = env_mask
-        self._held[:, m] = 0
-        for name in ("_pending", "_rlc_cnt", "_round_slot", "_hq_active",
-                     "_hq_content", "_hq_sb", "_hq_mcs", "_hq_acc", "_hq_ntx", "_hq_first", "_outstanding",
-                     "_known", "_olla_db"):
-            x = getattr(self, name)
-            x[m] = 0
-        for name in ("_gr_sb", "_gr_mcs", "_gr_tbs"):
+        for name in ("_pending", "_rlc_cnt", "_round_slot", "_outstanding", "_known", "_olla_db"):
+            getattr(self, name)[m] = 0
+        for name in ("_held", "_hq_active", "_hq_content", "_hq_sb", "_hq_mcs", "_hq_acc", "_hq_ntx",
+                     "_hq_first", "_gr_sb", "_gr_mcs", "_gr_tbs"):  # [*, E, ...]
             getattr(self, name)[:, m] = 0
         self._avg_thr[m] = self.l2.pf_avg_init_bytes
         for x in self.counters.values():
@@ -221,9 +228,8 @@ class NetL2Legacy(DiscreteLevel):
         P, K2, H, coh = l2.harq_rtt_slots, l2.k2_slots, self._num_blocks, l2.coh_slots
         t, dt, dev = ctx.t, self.dtype, self.device
         inf = math.inf
-        # 0-d tensors: a Python scalar in torch.where costs a tensor conversion each call.
-        zero, zero_l = torch.zeros((), dtype=dt, device=dev), torch.zeros((), dtype=torch.long, device=dev)
-        sr_bytes = torch.tensor(l2.sr_grant_bytes, dtype=dt, device=dev)
+        zero, zero_l, sr_bytes = self._zero, self._zero_l, self._sr_bytes
+        bler_c, bler_b, host = self._bler_c, self._bler_b, self._host_branches
 
         # Messages in age order (index A-1-age, oldest first); the state aged by one step.
         self._shift_ages()
@@ -236,7 +242,7 @@ class NetL2Legacy(DiscreteLevel):
         dead = ~live
         for x in (self._pending, self._held, self._rlc_cnt, self._round_slot):  # (held: [D, E, R, A])
             x.masked_fill_(dead, 0)
-        self._hq_content.masked_fill_(dead.unsqueeze(2), 0)
+        self._hq_content.masked_fill_(dead, 0)
         held, rlc_cnt, round_slot = self._held, self._rlc_cnt, self._round_slot
         D = held.shape[0]
         # Bytes not yet in any TB (nor held by RLC): the only ones a new TB may take.
@@ -255,6 +261,8 @@ class NetL2Legacy(DiscreteLevel):
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
         finish_slot = torch.full((E, R, A), -1, dtype=torch.long, device=dev)
         uniforms, block_starts, new_blocks = self._draw_step(t)
+        nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
+        no_msgs = torch.zeros(E, R, A, dtype=torch.bool, device=dev)
         log = {k: [] for k in ("tx", "new", "nack", "retx", "fail", "round", "lost", "sr")}
         b_now = b_est = None
 
@@ -279,7 +287,7 @@ class NetL2Legacy(DiscreteLevel):
 
             # Transmission: the retransmission due now, or a new TB on the grant of slot s.
             p, gi = s % P, s % K2
-            is_retx = hq_active[:, :, p].clone()  # the process is overwritten below
+            is_retx = hq_active[p].clone()  # the process is overwritten below
             tbs = gr_tbs[gi]
             cum = unsched.cumsum(-1)
             take = torch.minimum((tbs.unsqueeze(-1) - cum + unsched).clamp_(min=0), unsched)  # FIFO
@@ -287,17 +295,16 @@ class NetL2Legacy(DiscreteLevel):
             sendable = cum[..., -1]
             is_new = tb_bytes > 0
             is_tx = is_retx | is_new
-            sb = torch.where(is_retx.unsqueeze(-1), hq_sb[:, :, p], gr_sb[gi])
+            sb = torch.where(is_retx.unsqueeze(-1), hq_sb[p], gr_sb[gi])
             n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).to(dt)
-            acc = hq_acc[:, :, p] + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
-            mcs = torch.where(is_retx, hq_mcs[:, :, p], gr_mcs[gi])
-            bl = mech.bler(10.0 * torch.log10(acc.clamp(min=1e-30)), mcs, thr_db, l2.bler_slope_db)
-            nack = (uniforms[k] < bl) & is_tx
+            acc = hq_acc[p] + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
+            mcs = torch.where(is_retx, hq_mcs[p], gr_mcs[gi])
+            nack = ((bler_c * torch.log(acc) + torch.take(bler_b, mcs)) < nack_below[k]) & is_tx
             ack = is_tx ^ nack
-            ntx = hq_ntx[:, :, p] + 1
+            ntx = hq_ntx[p] + 1
             fail = nack & (ntx >= l2.harq_max_tx)
             keep = nack ^ fail
-            content = hq_content[:, :, p] + take  # [E, R, A] bytes of each message in the TB
+            content = hq_content[p] + take  # [E, R, A] bytes of each message in the TB
             unsched -= take
 
             # ACK: the bytes leave the queue; a message is delivered with its last byte.
@@ -309,29 +316,32 @@ class NetL2Legacy(DiscreteLevel):
             # HARQ failure: RLC resends the bytes after rlc_delay_slots. A failed TB first sent
             # before the message's last RLC return belongs to that round; one sent after it
             # starts a new round. A message beyond rlc_max_retx rounds is lost.
-            first = torch.where(is_retx, hq_first[:, :, p], s)
-            failed = (content > 0) & fail.unsqueeze(-1) & usable
-            new_round = failed & (first.unsqueeze(-1) >= round_slot)
-            is_lost = new_round & (rlc_cnt >= l2.rlc_max_retx)
-            requeue = failed ^ is_lost
-            is_round = new_round ^ is_lost
-            usable ^= is_lost
-            bytes_.masked_fill_(is_lost, inf)
-            unsched.masked_fill_(is_lost, 0.0)
-            rlc_cnt += is_round
-            round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
-            held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, content, zero)
+            first = torch.where(is_retx, hq_first[p], s)
+            if host and not bool(fail.any()):
+                is_lost = is_round = requeue = no_msgs
+            else:
+                failed = (content > 0) & fail.unsqueeze(-1) & usable
+                new_round = failed & (first.unsqueeze(-1) >= round_slot)
+                is_lost = new_round & (rlc_cnt >= l2.rlc_max_retx)
+                requeue = failed ^ is_lost
+                is_round = new_round ^ is_lost
+                usable ^= is_lost
+                bytes_.masked_fill_(is_lost, inf)
+                unsched.masked_fill_(is_lost, 0.0)
+                rlc_cnt += is_round
+                round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
+                held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, content, zero)
 
-            hq_active[:, :, p] = keep
-            hq_content[:, :, p] = torch.where(keep.unsqueeze(-1), content, zero)
-            hq_sb[:, :, p] = sb & keep.unsqueeze(-1)
-            hq_mcs[:, :, p] = mcs
-            hq_acc[:, :, p] = torch.where(keep, acc, zero)
-            hq_ntx[:, :, p] = torch.where(keep, ntx, zero_l)
-            hq_first[:, :, p] = first
+            hq_active[p] = keep
+            hq_content[p] = torch.where(keep.unsqueeze(-1), content, zero)
+            hq_sb[p] = sb & keep.unsqueeze(-1)
+            hq_mcs[p] = mcs
+            hq_acc[p] = torch.where(keep, acc, zero)
+            hq_ntx[p] = torch.where(keep, ntx, zero_l)
+            hq_first[p] = first
 
             olla = mech.olla_update(olla, is_new, nack, up, down, omax)  # first transmissions
-            avg = avg * beta + tb_bytes * (1.0 - beta)
+            avg = torch.lerp(avg, tb_bytes, 1.0 - beta)
 
             # BSR with the TB on the grant of slot s: the bytes left, less those already granted.
             outstanding = outstanding - tbs
@@ -344,9 +354,9 @@ class NetL2Legacy(DiscreteLevel):
             # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now), on the
             # subbands they leave free, PF subband by subband, up to what each robot needs.
             pu = (s + K2) % P
-            need = mech.subbands_needed(torch.where(hq_active[:, :, pu], zero, known), cap, max_sb)
+            need = mech.subbands_needed(torch.where(hq_active[pu], zero, known), cap, max_sb)
             metric = se_est / avg.clamp(min=1e-3).unsqueeze(-1)
-            alloc = mech.pf_allocate(metric, need, ~hq_sb[:, :, pu].any(1), l2.pf_rounds, order)
+            alloc = mech.pf_allocate(metric, need, ~hq_sb[pu].any(1), l2.pf_rounds, order, stop_early=host)
             n_alloc = torch.count_nonzero(alloc, -1).to(dt)
             eff_est = mech.effective_sinr_lin(x_est / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
             mcs_new = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla, sel_db)
@@ -364,8 +374,9 @@ class NetL2Legacy(DiscreteLevel):
                 self.trace.append(dict(
                     s=s, k=k, gain=gains[b_now % H].clone(), u=uniforms[k], is_new=is_new, is_retx=is_retx,
                     nack=nack, fail=fail, ntx=ntx, tb_bytes=tb_bytes, content=content, sb=sb, mcs=mcs,
-                    bler=bl, requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=alloc,
-                    need=need, tbs_grant=tbs_new, metric=metric, sendable=sendable, unsched=unsched.clone(),
+                    bler=mech.bler(10.0 * torch.log10(acc), mcs, thr_db, l2.bler_slope_db),
+                    requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=alloc, need=need,
+                    tbs_grant=tbs_new, metric=metric, sendable=sendable, unsched=unsched.clone(),
                     held=held.sum(0), olla_db=olla))
 
         self._known, self._outstanding, self._olla_db, self._avg_thr = known, outstanding, olla, avg

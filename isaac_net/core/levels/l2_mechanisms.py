@@ -137,8 +137,8 @@ def subbands_needed(known_bytes: torch.Tensor, cap: torch.Tensor, max_sb: torch.
     return need * (known_bytes > 0)
 
 
-def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
-                num_rounds: int, order: torch.Tensor | None = None) -> torch.Tensor:
+def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor, num_rounds: int,
+                order: torch.Tensor | None = None, *, stop_early: bool = False) -> torch.Tensor:
     """Subband-by-subband proportional-fair allocation, bounded by what each robot needs.
 
     Each round, every free subband goes to the robot with the highest metric among those
@@ -152,6 +152,8 @@ def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
     :input order: ``[E, R, S]`` each robot's subbands by decreasing metric (``argsort`` of
         ``metric``; a caller whose metric ranks subbands the same way for many calls may
         pass it once computed).
+    :input stop_early: stop once no open subband has a robot that needs it (a host-side
+        branch: on a GPU it costs a sync per round, so leave it off there).
     :output: ``[E, R, S]`` bool; each subband goes to at most one robot.
     """
     if order is None:
@@ -160,8 +162,11 @@ def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
     need_left = need
     is_open = is_free  # [E, S] subbands still to settle
     neg_inf = torch.full((), -math.inf, dtype=metric.dtype, device=metric.device)
-    for _ in range(num_rounds):
-        m = torch.where((need_left > 0).unsqueeze(-1) & is_open.unsqueeze(1), metric, neg_inf)
+    for i in range(num_rounds):
+        is_cand = (need_left > 0).unsqueeze(-1) & is_open.unsqueeze(1)  # [E, R, S]
+        if stop_early and i > 0 and not bool(is_cand.any()):
+            break
+        m = torch.where(is_cand, metric, neg_inf)
         best = m.max(1)  # over robots: [E, S]
         has = best.values > neg_inf
         winner = best.indices.unsqueeze(1)  # [E, 1, S]
