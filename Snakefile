@@ -1,0 +1,51 @@
+# The "Checks and measurements" pipeline (DESIGN.md §4). Wiring only: the logic is in
+# workflow/rules/common.smk, each stage's rule in its own file.
+#
+#   snakemake --cores 32 report                              # full profile (config/config.yaml)
+#   snakemake --cores 2 --configfile config/ci.yaml report   # another profile
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/equivalence.smk"
+include: "workflow/rules/convergence.smk"
+include: "workflow/rules/gradcheck.smk"
+include: "workflow/rules/cost.smk"
+
+
+rule all:
+    input:
+        page=PAGE,
+
+
+rule report:
+    input:
+        unpack(report_inputs),
+        template="reports/checks_and_measurements.md.j2",
+        renderer="reports/render.py",
+        checker="reports/check_numbers.py",
+        schema="workflow/schemas/artifacts.schema.yaml",
+    output:
+        page=PAGE,
+        figures=directory(FIGURES_DIR),
+    params:
+        profile=PROFILE,
+        paths=ALL_ARTIFACTS,
+        pending=PENDING_COMMANDS,
+    log:
+        f"{RESULTS}/logs/report.log",
+    benchmark:
+        f"{RESULTS}/bench/report.tsv"
+    threads: 1
+    conda:
+        "environment.yml"
+    script:
+        "reports/render.py"

@@ -1,0 +1,222 @@
+"""Shared plumbing of the stage scripts: run under snakemake or from the command line,
+log to the rule's log file, set torch threads, and stamp every artifact with provenance.
+
+No plotting here (see ``_plots.py``) and no model logic (that is the library's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu ({cpu_model()})"
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def jsonable(x):
+    """Tensors, numpy scalars and tuples to plain JSON values; NaN and inf become None."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().tolist()
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if hasattr(x, "item"):
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return x
+
+
+class Stage:
+    """One run of a stage: log redirection, torch threads, provenance and JSON output.
+
+    :param name: stage name, e.g. ``"equivalence"``.
+    :param params: the stage's config (recorded verbatim in the provenance).
+    :param profile: config profile, e.g. ``"full"``.
+    :param threads: torch intra-op threads (the rule's ``threads:``).
+    :param device: ``"cpu"`` or ``"cuda[:n]"``.
+    :param log: log file (stdout and stderr go there, tqdm bars included), or None.
+    """
+
+    def __init__(self, name: str, params: dict, profile: str, threads: int, device: str = "cpu",
+                 log: str | None = None):
+        self.name, self.params, self.profile = name, params, profile
+        self.threads, self.device, self.log = int(threads), device, log
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Stage:
+        if self.log:
+            Path(self.log).parent.mkdir(parents=True, exist_ok=True)
+            fh = self._stack.enter_context(open(self.log, "w", buffering=1))
+            self._stack.enter_context(contextlib.redirect_stdout(fh))
+            self._stack.enter_context(contextlib.redirect_stderr(fh))
+        torch.set_num_threads(self.threads)
+        self.load_start = list(os.getloadavg())
+        self.started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self.t0 = time.perf_counter()
+        print(f"[{self.name}] profile={self.profile} threads={self.threads} device={self.device}", flush=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def provenance(self) -> dict:
+        commit = _git("rev-parse", "HEAD")
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        seeds = {k: v for k, v in self.params.items() if k == "seed" or k.endswith("_seed")}
+        return {
+            "stage": self.name,
+            "profile": self.profile,
+            "config": self.params,
+            "seeds": seeds,
+            "git_commit": commit or "unknown",
+            "git_dirty": bool(status) if status is not None else None,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": self.device,
+            "device_name": device_name(self.device),
+            "torch_threads": torch.get_num_threads(),
+            "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "hostname": platform.node(),
+            "started_utc": self.started_utc,
+            "load_avg_start": self.load_start,
+            "load_avg_end": list(os.getloadavg()),
+            "wall_s": time.perf_counter() - self.t0,
+            "peak_rss_mib": peak_rss_mib(),
+        }
+
+    def write_json(self, path: str, payload: dict) -> None:
+        """Write ``payload`` plus ``provenance`` (strict JSON: NaN/inf become null)."""
+        # Threads may have been changed by the stage (cost.py sweeps them); restore the rule's.
+        torch.set_num_threads(self.threads)
+        data = jsonable({**payload, "provenance": self.provenance()})
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+        print(f"[{self.name}] wrote {path} after {data['provenance']['wall_s']:.1f} s", flush=True)
+
+
+def run(main, smk=None) -> None:
+    """Call ``main(stage, params, outputs)`` under snakemake (``smk``) or from argv.
+
+    Under snakemake the params are ``params.stage`` (the stage's config), ``params.profile``,
+    ``params.device`` and optionally ``params.part``; outputs are the rule's named outputs.
+    From the command line::
+
+        python benchmarks/diff/<stage>.py --params params.json --out json=out.json [--out figure=f.png]
+    """
+    if smk is not None:
+        params = dict(smk.params.stage)
+        part = getattr(smk.params, "part", None)
+        outputs = {k: v for k, v in smk.output.items()}
+        stage = Stage(f"{smk.rule}", params, smk.params.profile, smk.threads, smk.params.device,
+                      smk.log[0] if smk.log else None)
+    else:
+        ap = argparse.ArgumentParser(description=main.__doc__)
+        ap.add_argument("--params", required=True, help="JSON file with the stage's config")
+        ap.add_argument("--out", action="append", default=[], metavar="NAME=PATH", help="named output")
+        ap.add_argument("--part", default=None)
+        ap.add_argument("--profile", default="adhoc")
+        ap.add_argument("--device", default="cpu")
+        ap.add_argument("--threads", type=int, default=1)
+        ap.add_argument("--log", default=None)
+        a = ap.parse_args()
+        params = json.loads(Path(a.params).read_text())
+        part = a.part
+        outputs = dict(o.split("=", 1) for o in a.out)
+        stage = Stage(Path(sys.argv[0]).stem + (f"_{part}" if part else ""), params, a.profile,
+                      a.threads, a.device, a.log)
+    with stage:
+        if part is None:
+            main(stage, params, outputs)
+        else:
+            main(stage, params, outputs, part=part)
+
+
+def generator(seed: int, device: str = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def draw_inputs(E: int, R: int, T: int, sizes_bytes, snr_db, seed: int, *, dtype=torch.float64,
+                device: str = "cpu") -> dict:
+    """Per-robot inputs of a scenario, all from one seeded generator.
+
+    :output B: ``[E, R]`` message sizes, bytes, each robot one of ``sizes_bytes``.
+    :output snr_db: ``[E, R]`` dB, uniform in ``snr_db = [low, high]``.
+    :output u: ``[T, E, R]`` fixed uniforms of the binary sends (send = u < p).
+    """
+    g = generator(seed)
+    sizes = torch.tensor([float(s) for s in sizes_bytes], dtype=dtype)
+    B = sizes[torch.randint(len(sizes), (E, R), generator=g)]
+    lo, hi = float(snr_db[0]), float(snr_db[1])
+    snr = lo + (hi - lo) * torch.rand(E, R, generator=g, dtype=dtype)
+    u = torch.rand(T, E, R, generator=g, dtype=dtype)
+    return {"B": B.to(device), "snr_db": snr.to(device), "u": u.to(device)}
+
+
+def cell_config(overrides: dict):
+    from isaac_net.core import CellConfig
+
+    return CellConfig(**overrides)
+
+
+def rel_err(x: float, ref: float) -> float:
+    return abs(x - ref) / abs(ref) if ref != 0 else (0.0 if x == 0 else math.inf)
+
+
+def loglog_slope(xs, ys) -> float | None:
+    """Least-squares slope of log y against log x over the points with x, y > 0."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:
+        return None
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx

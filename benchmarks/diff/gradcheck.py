@@ -1,0 +1,191 @@
+"""Gradient correctness of the relaxed models.
+
+``part="gradcheck"``: ``torch.autograd.gradcheck`` in float64 of each KPI (mean delay,
+delivery ratio, mean AoI, mean energy) with respect to each input (send probability,
+message size, transmit power, positions) at a tiny size, for each mode, plus the worst
+element-wise gap between the analytic and the central-difference Jacobian.
+
+``part="fd"``: at a realistic size, the autograd directional derivative of a KPI mix
+along a random direction against central finite differences, for each input and a table
+of steps (the error against the step, fitted log-log slope, figure), and the sign checks
+d delay/dB > 0, d delay/dp > 0, d delay/dtx < 0, d energy/dtx > 0.
+
+Inputs are in natural units: p, message size in kB, tx in dBm, positions in m.
+"""
+
+import torch
+from _common import cell_config, generator, loglog_slope, run
+from tqdm import tqdm
+
+KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
+INPUTS = ("p", "B", "tx", "pos")
+SIGNS = (  # (kpi, input, expected sign of the summed gradient)
+    ("mean_delay", "B", 1),
+    ("mean_delay", "p", 1),
+    ("mean_delay", "tx", -1),
+    ("mean_energy_j", "tx", 1),
+)
+
+
+def trend(slopes: list[float]) -> str:
+    """Words for the fitted log-log slopes of the FD error against the step."""
+    if not slopes:
+        return "shows no trend that a slope can be fitted to"
+    if all(1.5 <= s <= 2.5 for s in slopes):
+        return "shrinks roughly quadratically with the step"
+    if all(0.7 <= s <= 1.3 for s in slopes):
+        return "shrinks roughly linearly with the step"
+    if all(s > 0 for s in slopes):
+        return "shrinks with the step"
+    return "does not shrink steadily with the step"
+
+
+def base_inputs(E: int, R: int, p: float, sizes_bytes, tx_dbm: float, seed: int) -> dict:
+    """``p [E,R]``, ``B [E,R]`` kB, ``tx [E,R]`` dBm, ``pos [E,R,2]`` m uniform in [40, 140]^2."""
+    g = generator(seed)
+    sizes = torch.tensor([s / 1000.0 for s in sizes_bytes], dtype=torch.float64)
+    return {
+        "p": torch.full((E, R), float(p), dtype=torch.float64),
+        "B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
+        "tx": torch.full((E, R), float(tx_dbm), dtype=torch.float64),
+        "pos": 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=torch.float64),
+    }
+
+
+def kpis(mode: str, tau: float, cfg, T: int, x: dict, deadline=None) -> dict:
+    from isaac_net.core.diff import DiffFluid, rollout
+
+    E, R = x["p"].shape
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=torch.float64)
+    return rollout(net, T, x["p"], 1000.0 * x["B"], pos=x["pos"], tx_dbm=x["tx"], deadline=deadline,
+                   sends="mean_field")
+
+
+def small(stage, params: dict, out: dict) -> None:
+    c = params["small"]
+    tau = float(params["tau"])
+    cfg = cell_config(c["cell"])
+    x0 = base_inputs(c["E"], c["R"], c["p"], c["sizes_bytes"], cfg.tx_dbm, params["seed"])
+    deadline = torch.full((c["E"], c["R"]), float(c["deadline"]), dtype=torch.float64)
+    jobs = [(m, k, i) for m in params["modes"] for k in KPIS for i in INPUTS]
+    rows = []
+    for mode, kpi, name in tqdm(jobs, desc="gradcheck", mininterval=2.0):
+        def f(xi, mode=mode, kpi=kpi, name=name):
+            return kpis(mode, tau, cfg, c["T"], {**x0, name: xi}, deadline)[kpi]
+
+        xi = x0[name].clone().requires_grad_(True)
+        ok = torch.autograd.gradcheck(f, (xi,), eps=c["eps"], atol=c["atol"], rtol=c["rtol"],
+                                      raise_exception=False)
+        (analytic,) = torch.autograd.grad(f(xi), xi)
+        numeric = torch.zeros_like(analytic)
+        flat = numeric.view(-1)
+        with torch.no_grad():
+            for j in range(xi.numel()):
+                d = torch.zeros_like(xi).view(-1)
+                d[j] = c["eps"]
+                d = d.view_as(xi)
+                flat[j] = (f(x0[name] + d) - f(x0[name] - d)) / (2 * c["eps"])
+        gap = (analytic - numeric).abs()
+        rows.append({"mode": mode, "kpi": kpi, "input": name, "pass": bool(ok),
+                     "max_abs_gap": float(gap.max()),
+                     "max_grad": float(analytic.abs().max()),
+                     "nonzero": bool((analytic != 0).any())})
+    summary = {
+        "tau": tau,
+        "all_pass": all(r["pass"] for r in rows),
+        "num_checks": len(rows),
+        "num_pass": sum(r["pass"] for r in rows),
+        "max_abs_gap": max(r["max_abs_gap"] for r in rows),
+        "num_slots": cfg.num_slots,
+        "buffer_msgs": cfg.buffer_msgs,
+        "timeout_steps": cfg.timeout_steps,
+    }
+    stage.write_json(out["json"], {"summary": summary, "table": rows})
+
+
+def fd(stage, params: dict, out: dict) -> None:
+    from _plots import fd_error
+
+    c = params["fd"]
+    tau = float(params["tau"])
+    cfg = cell_config(c["cell"])
+    steps = [float(h) for h in c["steps"]]
+    weights = c["weights"]
+    x0 = base_inputs(c["E"], c["R"], c["p"], c["sizes_bytes"], cfg.tx_dbm, params["seed"])
+    g = generator(params["seed"] + 1)
+    # A Rademacher direction per input: each element moves by +-h in the input's unit.
+    direction = {k: torch.randint(0, 2, v.shape, generator=g).to(torch.float64) * 2 - 1
+                 for k, v in x0.items()}
+
+    def mix(k: dict):
+        return sum(w * k[name] for name, w in weights.items())
+
+    rows, signs = [], []
+    bar = tqdm(total=len(params["modes"]) * (1 + len(INPUTS) * len(steps)), desc="finite differences",
+               mininterval=2.0)
+    for mode in params["modes"]:
+        x = {k: v.clone().requires_grad_(True) for k, v in x0.items()}
+        k = kpis(mode, tau, cfg, c["T"], x)
+        grads_mix = torch.autograd.grad(mix(k), [x[n] for n in INPUTS], retain_graph=True)
+        grad_of = {}
+        for kpi in sorted({s[0] for s in SIGNS}):
+            grad_of[kpi] = dict(zip(INPUTS, torch.autograd.grad(k[kpi], [x[n] for n in INPUTS],
+                                                                retain_graph=True, allow_unused=True),
+                                    strict=True))
+        del k
+        bar.update()
+        for kpi, name, sign in SIGNS:
+            gsum = grad_of[kpi][name]
+            value = float(gsum.sum()) if gsum is not None else 0.0
+            signs.append({"mode": mode, "kpi": kpi, "input": name, "expected": "+" if sign > 0 else "-",
+                          "grad_sum": value, "pass": value * sign > 0})
+        for name, gr in zip(INPUTS, grads_mix, strict=True):
+            ad = float((gr * direction[name]).sum())
+            fds, errs = [], []
+            with torch.no_grad():
+                for h in steps:
+                    up = mix(kpis(mode, tau, cfg, c["T"], {**x0, name: x0[name] + h * direction[name]}))
+                    dn = mix(kpis(mode, tau, cfg, c["T"], {**x0, name: x0[name] - h * direction[name]}))
+                    fds.append(float((up - dn) / (2 * h)))
+                    errs.append(abs(fds[-1] - ad) / abs(ad) if ad != 0 else None)
+                    bar.update()
+            finite = [e for e in errs if e is not None]
+            rows.append({"mode": mode, "input": name, "autograd": ad, "fd": fds, "rel_err": errs,
+                         "best_rel_err": min(finite) if finite else None,
+                         "slope": loglog_slope(steps, [e or 0.0 for e in errs])})
+    bar.close()
+    fd_error(rows, steps, out["figure"])
+    best = [r["best_rel_err"] for r in rows]
+    slopes = [r["slope"] for r in rows if r["slope"] is not None]
+    summary = {
+        "tau": tau,
+        "tol": c["tol"],
+        "max_best_rel_err": None if None in best else max(best),
+        "all_match": None not in best and max(best) <= c["tol"],
+        "min_slope": min(slopes) if slopes else None,
+        "max_slope": max(slopes) if slopes else None,
+        "trend": trend(slopes),
+        "step_max": max(steps),
+        "step_min": min(steps),
+        "max_err_at_step_max": max((r["rel_err"][steps.index(max(steps))] or 0.0) for r in rows),
+        "max_err_at_step_min": max((r["rel_err"][steps.index(min(steps))] or 0.0) for r in rows),
+        "signs_pass": all(s["pass"] for s in signs),
+        "num_slots": cfg.num_slots,
+    }
+    table = [{"mode": r["mode"], "input": r["input"], "autograd": r["autograd"],
+              **{f"err@{h:g}": e for h, e in zip(steps, r["rel_err"], strict=True)}, "slope": r["slope"]}
+             for r in rows]
+    stage.write_json(out["json"], {"summary": summary, "table": table, "rows": rows, "signs": signs,
+                                   "steps": steps, "figure": out["figure"].rsplit("/", 1)[-1]})
+
+
+def main(stage, params: dict, out: dict, part: str = "gradcheck") -> None:
+    """Gradient checks of the relaxed models."""
+    parts = {"gradcheck": small, "fd": fd}
+    if part not in parts:
+        raise ValueError(f"unknown part {part!r}; expected one of: {', '.join(parts)}")
+    parts[part](stage, params, out)
+
+
+if __name__ == "__main__":
+    run(main, globals().get("snakemake"))

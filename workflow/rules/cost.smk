@@ -1,0 +1,18 @@
+rule cost:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+    output:
+        json=ARTIFACTS["cost"],
+    params:
+        **stage_params("cost"),
+    log:
+        log_path("cost"),
+    benchmark:
+        bench_path("cost")
+    # The stage sweeps torch threads itself; reserve the most it uses.
+    threads: max(config["cost"]["threads"])
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/cost.py"

@@ -1,0 +1,17 @@
+rule equivalence:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+    output:
+        json=ARTIFACTS["equivalence"],
+    params:
+        **stage_params("equivalence"),
+    log:
+        log_path("equivalence"),
+    benchmark:
+        bench_path("equivalence")
+    threads: config["threads"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/equivalence.py"
