@@ -13,8 +13,9 @@ What is compared (the robust comparison agreed for tests/slurm/run_local_cluster
    same seeds on the same CPU give identical values; the tolerance only absorbs a
    different thread count's summation order). The report says how many were bit-identical.
 2. Rendered pages. Every ``*.md``/``*.html`` the runs wrote: the sequence of numeric
-   tokens of all lines that are not provenance/timing lines (``VOLATILE_LINE``) must be
-   identical in both.
+   tokens of all lines must be identical in both, except provenance/timing lines
+   (``VOLATILE_LINE``) and sections that as a whole measure time or memory
+   (``VOLATILE_SECTION``, e.g. "## Cost").
 
 Exit code 0 when both agree, 1 otherwise; prints a summary.
 """
@@ -32,15 +33,17 @@ from pathlib import Path
 VOLATILE_KEY = re.compile(
     r"(?i)(provenance|host|node|git|commit|sha|version|python|torch|numpy|platform|machine|"
     r"timestamp|date|created|generated|started|finished|wall|elapsed|duration|runtime|"
-    r"seconds|time_s|_s$|^t_|_ms$|per_s|throughput|speed|job_?id|pid|user|cwd|path|dir|"
-    r"threads|cpu_count|device_name|snakemake)"
+    r"seconds|_s$|^t_|_ms$|per_s|throughput|speed|rss|mib|peak|mem|load|"
+    r"job_?id|pid|user|cwd|path|dir|threads|cpu_count|device_name|snakemake)"
 )
 # lines of a rendered page that carry provenance or timing
 VOLATILE_LINE = re.compile(
-    r"(?i)(provenance|generated|host|commit|git|version|python|torch|platform|timestamp|"
-    r"date|\bat \d|wall|elapsed|duration|runtime|took|seconds|\d\s*s\b|\bms\b|time|"
-    r"job ?id|slurm|/tmp/|\d{4}-\d{2}-\d{2})"
+    r"(?i)(^_?provenance|generated|commit|\bgit\b|version|python `|torch `|platform|hostname|"
+    r"timestamp|\d{4}-\d{2}-\d{2}|wall|elapsed|duration|runtime|\btook\b|\bseconds?\b|"
+    r"\d\s*s\b|, s\b|\bms\b|\btimes?\b|load average|\brss\b|mib|job ?id|slurm|/tmp/)"
 )
+# sections of a rendered page that are measurements of time/memory as a whole
+VOLATILE_SECTION = re.compile(r"(?i)^#+\s*(cost|timing|performance)\b")
 NUM_RE = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|nan|inf", re.I)
 SKIP_DIRS = {".snakemake", ".git", "__pycache__", ".pytest_cache", ".venv"}
 
@@ -106,8 +109,16 @@ def page_tokens(path: Path) -> tuple[list[str], int]:
     toks, dropped = [], 0
     text = path.read_text(errors="replace")
     text = re.sub(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=\s]+", "", text)  # embedded images
+    skip_level = 0  # inside a volatile section: its heading level
     for line in text.splitlines():
-        if VOLATILE_LINE.search(line):
+        heading = re.match(r"^(#+)\s", line)
+        if heading:
+            level = len(heading.group(1))
+            if skip_level and level <= skip_level:
+                skip_level = 0
+            if not skip_level and VOLATILE_SECTION.match(line):
+                skip_level = level
+        if skip_level or VOLATILE_LINE.search(line):
             dropped += 1
             continue
         toks.extend(NUM_RE.findall(line))

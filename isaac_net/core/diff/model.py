@@ -39,32 +39,72 @@ def _fifo_cum(x: torch.Tensor) -> torch.Tensor:
     return x.flip(-1).cumsum(-1).flip(-1)
 
 
-def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float):
+def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_subbands: float,
+             se_max: float, bytes_per_sb_se: float):
+    """One UL slot of L1D for ``tau > 0`` (``tau`` a 0-dim tensor, so changing it never recompiles).
+
+    :input c: ``[E, R, A]`` completion before the slot; :input log_cum: ``log(cum) / tau``.
+    :output: ``(c, c_sum, served, tx_frac)`` after the slot.
+    """
+    busy = relax.smin_const(w_sum - (w * c).sum(-1), 1.0, tau)  # [E, R] soft_busy
+    n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
+    share = num_subbands / relax.smax_const(n, 1.0, tau)
+    se = relax.smin_const(torch.log2(1.0 + snr_lin / relax.smax_const(share, 1.0, tau)), se_max, tau)
+    served = served + share * se * bytes_per_sb_se
+    tx_frac = tx_frac + busy * relax.smin_const(share, 1.0, tau)
+    c_sum = c_sum + c
+    c = torch.sigmoid(relax._log_pos(served).unsqueeze(-1) / tau - log_cum)
+    return c, c_sum, served, tx_frac
+
+
+_l1_slot_compiled = None
+
+
+def _compiled_l1_slot():
+    global _l1_slot_compiled
+    if _l1_slot_compiled is None:
+        _l1_slot_compiled = torch.compile(_l1_slot, dynamic=False)
+    return _l1_slot_compiled
+
+
+def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float, compiled: bool = False):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
-    :output: completion ``c`` ``[E, R, A]``, finish-time numerator ``fin`` ``[E, R, A]``
-        (sum over slots of the completion increase times ``(k + 1) / K``, control steps),
-        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]``.
+    :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
+        completion increase in each slot times ``(k + 1) / K``, summed; control steps),
+        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]``, and ``cum``.
     """
     K = cfg.num_slots
     cum = _fifo_cum(x)
     bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
-    served = torch.zeros_like(x[..., 0])
-    c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
-    fin = torch.zeros_like(x)
-    tx_s = torch.zeros_like(served)
-    for k in range(K):
-        busy = relax.soft_busy((w * (1.0 - c)).sum(-1), tau)  # [E, R]
-        n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
-        share = cfg.num_subbands / relax.smax(n, 1.0, tau)
-        se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), cfg.se_max, tau)
-        cap = share * se * bytes_per_sb_se
-        served = served + cap
-        tx_s = tx_s + busy * relax.smin(share, 1.0, tau).expand_as(busy) * cfg.slot_s
-        c_next = relax.soft_ge(served.unsqueeze(-1), cum, tau)
-        fin = fin + (c_next - c) * ((k + 1) / K)
-        c = c_next
-    return c, fin, served, tx_s, cum
+    c = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
+    c_sum = torch.zeros_like(x)
+    w_sum = w.sum(-1)
+    served = torch.zeros_like(w_sum)
+    tx_frac = torch.zeros_like(w_sum)
+    if tau > 0:
+        # Inside the loop the completion needs only log(served) against log(cum), computed once.
+        tau_t = torch.tensor(tau, dtype=x.dtype, device=x.device)
+        log_cum = relax._log_pos(cum) / tau
+        slot = _compiled_l1_slot() if compiled else _l1_slot
+        consts = (float(cfg.num_subbands), float(cfg.se_max), bytes_per_sb_se)
+        for _ in range(K):
+            c, c_sum, served, tx_frac = slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin,
+                                             tau_t, *consts)
+        c = relax.soft_ge(served.unsqueeze(-1), cum, tau)  # c_K again, exact at cum = 0
+    else:
+        for _ in range(K):
+            busy = relax.soft_busy(w_sum - (w * c).sum(-1), tau)
+            n = busy.sum(-1, keepdim=True)
+            share = cfg.num_subbands / relax.smax(n, 1.0, tau)
+            se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), cfg.se_max, tau)
+            served = served + share * se * bytes_per_sb_se
+            tx_frac = tx_frac + busy * relax.smin(share, 1.0, tau)
+            c_sum = c_sum + c
+            c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+    # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
+    fin = c - c_sum / K
+    return c, fin, served, tx_frac * cfg.slot_s, cum
 
 
 def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: float):
@@ -93,7 +133,7 @@ def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: 
 
 
 def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
-               cfg: CellConfig, mode: str, tau: float, tau_n: float):
+               cfg: CellConfig, mode: str, tau: float, tau_n: float, compiled: bool = False):
     """One control step of L1D or QAD as a pure function of the state.
 
     :input send: ``[E, R]`` send weight in [0, 1]; :input msg_bytes: ``[E, R]`` bytes;
@@ -114,7 +154,7 @@ def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
     # 2. Service.
     snr_lin = radio.db_to_lin(snr_db)
     if mode == "L1":
-        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau)
+        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau, compiled)
     else:
         c, fin, served, tx_s, cum = _service_qa(x, w, mass_before, snr_lin, cfg, tau, tau_n)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)
@@ -158,7 +198,9 @@ class DiffFluid:
         changed between steps (annealing).
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
-    :param compile: run the per-step body through ``torch.compile``.
+    :param compile: run the L1D per-slot body through ``torch.compile`` (one small graph,
+        compiled once per process and shape; ``tau`` is a tensor input, so annealing does
+        not recompile). QAD has no slot loop and runs eager.
     """
 
     def __init__(self, E: int, R: int, device="cpu", mode: str = "L1", tau: float = 0.05,
@@ -176,11 +218,6 @@ class DiffFluid:
         self.tau = tau
         self.tau_n = tau_n
         self.compile = bool(compile)
-        self._step_fn = fluid_step
-        if self.compile:
-            from isaac_net.core.diff._compiled import compiled_step
-
-            self._step_fn = compiled_step
         A = self.cfg.timeout_steps
         z = torch.zeros(E, R, A, dtype=dtype, device=self.device)
         self.state = FluidState(z, z.clone(), torch.zeros(E, R, dtype=dtype, device=self.device))
@@ -251,6 +288,6 @@ class DiffFluid:
             raise ValueError("msg_bytes: expected sizes > 0 bytes")
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
-        self.state, kpis = self._step_fn(self.state, send, msg_bytes, snr, tx, dl, cfg=cfg,
-                                         mode=self.mode, tau=self.tau, tau_n=self.tau_n)
+        self.state, kpis = fluid_step(self.state, send, msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode,
+                                      tau=self.tau, tau_n=self.tau_n, compiled=self.compile)
         return kpis

@@ -169,9 +169,13 @@ class Proxy(nn.Module):
         tensors = [t for t in (p, msg_bytes, snr_db) if isinstance(t, torch.Tensor)]
         if not tensors:
             raise ValueError("p, msg_bytes, snr_db: expected at least one [E, R] tensor")
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-        if len(shape) != 2:
-            raise ValueError(f"p, msg_bytes, snr_db: expected [E, R] inputs, got shape {list(shape)}")
+        try:
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        except RuntimeError:
+            shape = None
+        if shape is None or len(shape) != 2:
+            raise ValueError("p, msg_bytes, snr_db: expected [E, R] inputs, got shapes "
+                             f"{[list(t.shape) for t in tensors]}")
         E, R = shape
         dt, dev = self.x_mean.dtype, self.x_mean.device
         p = _validate.per_robot(p, "p", E, R, dt, dev)
@@ -250,7 +254,7 @@ def fit(x: torch.Tensor, y: torch.Tensor, *, hidden=(64, 64), epochs: int = 300,
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
             seen += len(idx)
         sched.step()
         loss_val = total / max(seen, 1)

@@ -29,17 +29,35 @@ def _log_pos(x: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.clamp(x, min=_tiny(x)))
 
 
+def smin_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
+    """``smin(a, b)`` for a constant ``b > 0`` and ``tau > 0`` (float or 0-dim tensor).
+
+    Written as ``b smin(a / b, 1) = b exp(-tau softplus((log b - log a) / tau))``: one
+    softplus instead of a logaddexp of two tensors.
+    """
+    return b * torch.exp(-tau * torch.nn.functional.softplus((math.log(b) - _log_pos(a)) / tau))
+
+
+def smax_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
+    """``smax(a, b)`` for a constant ``b > 0`` and ``tau > 0``: ``b exp(tau softplus((log a - log b) / tau))``."""
+    return b * torch.exp(tau * torch.nn.functional.softplus((_log_pos(a) - math.log(b)) / tau))
+
+
 def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
     """Soft minimum of non-negative quantities in the log domain (relative temperature).
 
     .. math::
-        \\mathrm{smin}_\\tau(a, b) = \\exp\\bigl(-\\tau\\,\\mathrm{logsumexp}(-\\log a/\\tau, -\\log b/\\tau)\\bigr)
-        = (a^{-1/\\tau} + b^{-1/\\tau})^{-\\tau}
+        \mathrm{smin}_\tau(a, b) = \exp\bigl(-\tau\,\mathrm{logsumexp}(-\log a/\tau, -\log b/\tau)\bigr)
+        = (a^{-1/\tau} + b^{-1/\tau})^{-\tau}
 
-    Exact at ``a = 0`` or ``b = 0`` (gives 0) and for ``b >> a`` (gives ``a``);
+    Exact at ``a = 0`` or ``b = 0`` (gives 0; with a constant ``b > 0`` it gives the
+    dtype's tiny ~1e-30 / 1e-300 instead) and for ``b >> a`` (gives ``a``);
     ``smin(a, a) = a 2^{-tau}``. Limit ``tau -> 0``: ``min(a, b)``.
     """
-    b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    if not isinstance(b, torch.Tensor):
+        if tau == 0:
+            return torch.clamp(a, max=b)
+        return smin_const(a, b, tau)
     if tau == 0:
         return torch.minimum(a, b)
     out = torch.exp(-tau * torch.logaddexp(-_log_pos(a) / tau, -_log_pos(b) / tau))
@@ -49,12 +67,15 @@ def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
 def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
     """Soft maximum of non-negative quantities in the log domain (relative temperature).
 
-    .. math:: \\mathrm{smax}_\\tau(a, b) = (a^{1/\\tau} + b^{1/\\tau})^{\\tau}
+    .. math:: \mathrm{smax}_\tau(a, b) = (a^{1/\tau} + b^{1/\tau})^{\tau}
 
     Exact when either is 0 (gives the other) and for ``b >> a``; ``smax(a, a) = a 2^{tau}``.
     Limit ``tau -> 0``: ``max(a, b)``.
     """
-    b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    if not isinstance(b, torch.Tensor):
+        if tau == 0:
+            return torch.clamp(a, min=b)
+        return smax_const(a, b, tau)
     if tau == 0:
         return torch.maximum(a, b)
     out = torch.exp(tau * torch.logaddexp(_log_pos(a) / tau, _log_pos(b) / tau))

@@ -1,0 +1,42 @@
+# Set-up is part of every entry point: a fresh machine needs only Python >= 3.11 and pip.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CORES ?= all
+# Pin torch first: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is a CPU wheel here.
+TORCH ?= torch==2.13.0
+
+.PHONY: setup test report pipeline smoke ci bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# The main job: the pipeline on its default (full) profile; renders reports/checks_and_measurements.md.
+report pipeline: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) report
+
+smoke: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml report
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest benchmarks/perf --benchmark-only --benchmark-json=benchmarks/perf/results/latest.json -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check isaac_net tests benchmarks reports
+	$(BIN)/snakemake --lint
+
+ci:
+	bash .ci/run
+
+clean:
+	rm -rf $(VENV) .snakemake .pytest_cache

@@ -1,0 +1,140 @@
+"""Smoke tests of the studies (benchmarks/diff/{sensitivity,opt_rates,placement,nn_proxy}.py):
+each core function runs at a tiny size and returns the artifact's keys; the pieces the
+numbers rest on (CRN, per-replicate KPIs, the bootstrap, the schedule) are checked."""
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+
+import nn_proxy  # noqa: E402
+import opt_rates  # noqa: E402
+import placement  # noqa: E402
+import sensitivity  # noqa: E402
+from _common import Stage  # noqa: E402
+
+CI = yaml.safe_load((REPO / "config" / "studies_ci.yaml").read_text())
+ARTIFACT_KEYS = {"provenance", "config", "summary", "table", "figure"}
+
+
+def tiny(name: str, **over) -> dict:
+    params = copy.deepcopy(CI[name])
+    params.update(over)
+    return params
+
+
+def test_sensitivity_runs_and_reports_every_row():
+    params = tiny("sensitivity", level="L1", n_seeds=3, T=6, warmup=1, modes=["QA"], n_boot=50,
+                  ops={"heavy": CI["sensitivity"]["ops"]["heavy"]})
+    out = sensitivity.compute(params, progress=False)
+    assert len(out["table"]) == len(sensitivity.KPIS) * len(sensitivity.INPUTS)
+    assert {"op", "derivative", "L2-legacy FD", "QAD mf", "QAD rb"} <= set(out["table"][0])
+    for key in ("QAD_mf_sign_agree", "QAD_rb_median_ratio", "n_seeds", "fd_step_p", "wall_l2_fd_s"):
+        assert key in out["summary"]
+    assert all(len(r["grad"]) == 3 and len(r["fd"]) == 3 for r in out["rows"])
+
+
+def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
+    from isaac_net.core.diff.reference import discrete_rollout
+
+    g = torch.Generator().manual_seed(0)
+    res = discrete_rollout("L1", 8, torch.full((3, 4), 0.5), torch.full((3, 4), 2e4),
+                           snr_db=10 + 20 * torch.rand(3, 4, generator=g), warmup=2, generator=g)
+    per = sensitivity.replicate_kpis(res, 1)
+    env = opt_rates.env_kpis(res)
+    for k in sensitivity.KPIS:
+        torch.testing.assert_close(per[k][0], res[k].to(per[k].dtype))
+        assert env[k].shape == (3,)
+
+
+def test_fd_runs_share_random_numbers():
+    """Two L2-legacy runs with the same seed and uniforms and a zero step give equal KPIs."""
+    base = sensitivity.problem({"p": 0.5, "sizes_bytes": [20000]}, 2, 1, 3, 6, 0, torch.float32)
+    fd, _ = sensitivity.l2_fd(base, 2, 6, 1, {k: 1e-30 for k in sensitivity.INPUTS}, 0, None,
+                              torch.float32, "L2-legacy")
+    assert all(float(v.abs().max()) == 0.0 for v in fd.values())
+
+
+def test_ratio_interval():
+    rng = np.random.default_rng(0)
+    ref = 2.0 + 0.1 * rng.standard_normal(32)
+    ratio, lo, hi = sensitivity.ratio_ci(0.5 * ref, ref, 500, rng)
+    assert ratio == pytest.approx(0.5) and lo <= 0.5 <= hi
+    noise = rng.standard_normal(32)
+    _, lo, hi = sensitivity.ratio_ci(ref, noise - noise.mean(), 500, rng)
+    assert lo == -math.inf and hi == math.inf  # the FD mean straddles zero: no interval
+
+
+def test_anneal_is_geometric():
+    assert opt_rates.anneal(0.2, 0.02, 0, 150) == pytest.approx(0.2)
+    assert opt_rates.anneal(0.2, 0.02, 149, 150) == pytest.approx(0.02)
+    assert opt_rates.anneal(0.2, 0.02, 1, 3) == pytest.approx(math.sqrt(0.2 * 0.02))
+
+
+@pytest.mark.parametrize("study", ["opt_rates", "placement"])
+def test_optimisation_studies_write_the_artifact(study, tmp_path):
+    params = tiny(study, E=2, R=3, iters=2, candidates=3, T=5, warmup=1, T_eval=6, warmup_eval=1,
+                  score_every=1)
+    module = {"opt_rates": opt_rates, "placement": placement}[study]
+    out = {"json": str(tmp_path / f"{study}.json"), "figure": str(tmp_path / f"{study}.png")}
+    with Stage(study, params, "test", 1) as stage:
+        module.main(stage, params, out)
+    data = json.loads(Path(out["json"]).read_text())
+    assert ARTIFACT_KEYS <= set(data) and (tmp_path / data["figure"]).exists()
+    s = data["summary"]
+    lvl = params["level"]
+    for key in (f"{lvl}_cost_start", f"{lvl}_cost_gradient", f"{lvl}_cost_random_best_of_3",
+                "L2-legacy_cost_gradient", "L2-legacy_delivery_ratio_gradient", "L2-legacy_mean_aoi_start"):
+        assert key in s and s[key] is not None
+    assert {r["solution"] for r in data["table"]} == {"start", "gradient", "random search"}
+    assert len(data["history"]) == 2 and "discrete_cost_heldout" in data["history"][-1]
+
+
+def test_random_search_keeps_the_best_candidate():
+    params = tiny("opt_rates", E=2, R=3, candidates=4, T_eval=6, warmup_eval=1, rs_chunk_envs=4)
+    sc = opt_rates.scenario(2, 3, params, torch.float32)
+    dec = opt_rates.RateDecisions(sc, params)
+    best = opt_rates.random_search(sc, params, opt_rates._Sampler(dec), progress=False)
+    cost = opt_rates.env_cost(opt_rates.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None,
+                                                       seed=params["seed"], dtype=torch.float32), params["cost"])
+    # Every candidate of the same draw is at least as costly as the kept one.
+    cands = opt_rates._Sampler(dec)(4, opt_rates.generator(params["seed"] + 2))
+    k = opt_rates.discrete_score(params["level"], 6, 1, cands, sc["u_train"].repeat(1, 4, 1), cfg=None,
+                                 seed=params["seed"], dtype=torch.float32)
+    all_costs = opt_rates.env_cost(k, params["cost"]).reshape(4, 2)
+    torch.testing.assert_close(cost, all_costs.min(0).values)
+
+
+def test_placement_movement_cost():
+    params = tiny("placement", E=2, R=3)
+    sc = opt_rates.scenario(2, 3, params, torch.float64)
+    d = placement.PlacementDecisions(sc, params)
+    with torch.no_grad():
+        assert float(d.extra_cost(d(d.init())).abs().max()) == 0.0
+    moved = d({"pos": sc["pos"] + torch.tensor([30.0, 40.0], dtype=torch.float64)})
+    expected = params["move_weight"] * (math.sqrt(50.0 ** 2 + 1.0) - 1.0)
+    torch.testing.assert_close(d.extra_cost(moved), torch.full((2,), expected, dtype=torch.float64))
+
+
+def test_nn_proxy_study_reports_heldout_r2_per_kpi(tmp_path):
+    params = tiny("nn_proxy", R=3, train_cells=12, test_cells=4, T=8, warmup=2, epochs=5, grad_cells=6,
+                  n_boot=50)
+    model = tmp_path / "nn_proxy.pt"
+    out = nn_proxy.compute(params, str(model), progress=False)
+    s = out["summary"]
+    from isaac_net.core.diff import proxy as px
+
+    for k in px.TARGETS:
+        assert f"heldout_r2_{k}" in s and f"heldout_mean_rel_err_{k}" in s
+    assert s["reload_max_abs_diff"] == 0.0 and model.exists()
+    assert len(out["table"]) == len(px.TARGETS) * 3
+    assert {"derivative", "proxy", "L2-legacy FD", "FD SE", "sign"} <= set(out["table"][0])
