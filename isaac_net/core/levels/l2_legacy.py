@@ -2,38 +2,52 @@
 
 Per UL slot ``s`` (absolute index ``t * K + k``), for every env and robot at once:
 
-1. **Fading.** Rayleigh block fading ``g[e, r, b] ~ Exp(1)`` per robot and subband, a new
-   block every ``coh_slots``; the gNB's estimate is the channel ``est_delay_slots`` old.
+1. **Fading.** Rayleigh block fading ``g[e, r, b] ~ Exp(1)`` per robot and subband
+   (independent across subbands and robots), a new block every ``coh_slots``; the gNB's
+   estimate is the channel ``est_delay_slots`` old (so ``est_delay + k2`` old when used).
 2. **RLC.** Bytes of a TB whose HARQ failed come back to the robot's buffer
-   ``rlc_delay_slots`` after the failure.
+   ``rlc_delay_slots`` after the failure (at the earliest the next slot).
 3. **Transmission.** A robot sends either the HARQ retransmission due now (a TB NACKed
    ``harq_rtt_slots`` ago: synchronous, non-adaptive, same subbands and MCS, the LTE-UL
-   "legacy" HARQ) or a new TB on the grant the gNB issued ``k2_slots`` ago. A new TB takes
-   the oldest bytes not already in flight (whole bytes, several messages may share a TB).
+   "legacy" HARQ; its subbands are reserved) or a new TB on the grant the gNB issued
+   ``k2_slots`` ago. A new TB takes the oldest bytes not already in a TB or held by RLC
+   (whole bytes; several messages may share a TB; a grant with nothing to send is skipped).
    The per-subband SINR is ``snr * g / n`` (power split over its ``n`` subbands), the TB's
-   effective SINR the Shannon MIESM over them, chase combining adds it over the
-   transmissions, and ``u < BLER(mcs, sinr)`` with a fresh uniform is a NACK.
-   ACK: its bytes leave the queue (a message is delivered at the end of the slot whose
-   ACKed TB carried its last byte). NACK: retransmit after the RTT, or after
-   ``harq_max_tx`` transmissions hand the bytes to RLC (each message in the TB counts one
-   RLC retransmission; a message beyond ``rlc_max_retx`` is lost = a timeout).
+   effective SINR the Shannon MIESM over them (:func:`~.l2_mechanisms.effective_sinr_lin`),
+   chase combining adds it over the transmissions, and ``u < BLER(mcs, sinr)`` with a fresh
+   uniform is a NACK (:func:`~.l2_mechanisms.bler`; tested here in the equivalent logit form).
+   ACK: its bytes leave the queue. A message is delivered at the end of the slot whose
+   ACKed TB carried its last outstanding byte, even if an older message still has bytes in
+   HARQ (out-of-order delivery, as PDCP allows). NACK: retransmit after the RTT, or after
+   ``harq_max_tx`` transmissions hand the bytes to RLC. RLC counts retransmission rounds per
+   message: a failed TB first sent before the message's last RLC return joins that round,
+   one sent after it starts a new round; a message needing more than ``rlc_max_retx``
+   rounds is lost (counted as a timeout) and its bytes still in flight are dropped.
    OLLA moves on the feedback of first transmissions; the PF average on new-TB bytes.
-4. **SR/BSR.** Each TB carries a BSR (the bytes left after it, less those already granted);
-   the gNB schedules only what it knows of. A robot with unreported data and nothing
-   granted sends an SR at its next occasion (every ``sr_period_slots``, offset by robot
-   index) and the gNB assumes ``sr_grant_bytes`` until the first BSR.
-5. **Grant** for slot ``s + k2_slots``: subbands not reserved by retransmissions are
-   allocated subband by subband by PF (metric: SE from the stale estimate over the EWMA
-   throughput), each robot up to the subbands its known buffer needs; the MCS is chosen
-   from the estimated effective SINR minus the OLLA offset.
+4. **SR/BSR.** Each new TB carries a BSR (the bytes left after it, less those already
+   granted), taken as received with the TB's first transmission (a robust MAC CE); the gNB
+   schedules only what it knows of. A robot with unreported data and nothing known or
+   granted sends an SR at its next occasion (every ``sr_period_slots``, offset
+   ``r % sr_period_slots`` for robot ``r``) and the gNB assumes ``sr_grant_bytes`` until the
+   first BSR. So an isolated message waits ``w_SR + k2`` slots for its first TB, and another
+   ``k2`` for the rest if it did not fit the SR grant.
+5. **Grant** for slot ``s + k2_slots`` (``k2 < harq_rtt``: the retransmissions due then are
+   known): the subbands they leave free are allocated subband by subband by PF
+   (:func:`~.l2_mechanisms.pf_allocate`; metric: the SE at full power in one subband from
+   the stale estimate, over the EWMA throughput), each robot up to the subbands its known
+   buffer needs at the estimated mean SINR, capped by power headroom
+   (:func:`~.l2_mechanisms.subbands_needed`); the MCS is the highest whose threshold is at
+   most the estimated effective SINR over the granted subbands minus the OLLA offset.
 
 Energy: a robot that transmits in a slot (new TB or retransmission) sends at its full
 power for the whole slot, ``min(n, 1) * slot_s = slot_s`` as in L1.
 
 Common random numbers: every draw comes from one ``torch.Generator`` seeded at
-construction, in a fixed order and shape that depends only on ``(E, R, t)``: per step,
-the BLER uniforms ``[K, E, R]`` then the new fading blocks ``[n, E, R, S]``. Two engines
-with the same seed see the same fading and uniforms whatever their inputs and decisions.
+construction, in a fixed order and shape that depends only on ``(E, R, t)``: the first
+fading blocks at construction, then per step the BLER uniforms ``[K, E, R]`` and the new
+fading blocks ``[n, E, R, S]``. Two engines with the same seed see the same fading and
+uniforms whatever their inputs and decisions. The generator runs on through ``reset``
+(a reset env keeps drawing from the same stream); build a fresh engine to repeat a run.
 """
 
 from __future__ import annotations
