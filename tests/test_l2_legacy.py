@@ -146,6 +146,9 @@ def test_pf_gives_each_subband_to_at_most_one_robot_with_known_data(seed):
     # Fewer rounds never break the invariants.
     a1 = mech.pf_allocate(metric, need, is_free, num_rounds=1)
     assert bool((a1.sum(1) <= 1).all()) and not bool(a1[need == 0].any())
+    # Stopping once nothing is left to settle changes nothing; a cached order neither.
+    order = torch.argsort(metric, -1, descending=True)
+    assert torch.equal(mech.pf_allocate(metric, need, is_free, S, order, stop_early=True), alloc)
 
 
 def test_pf_takes_the_best_metric_per_subband_when_everyone_wants_everything():
@@ -406,23 +409,35 @@ def test_same_seed_same_kpis_and_reset_isolation():
         assert bool((xa["aoi"][1] <= t - 3).all())  # the reset env restarted its AoI at t = 4
 
 
-def test_common_random_numbers_under_a_small_power_change():
+@pytest.mark.parametrize("change", ["tx_dbm", "msg_bytes", "send"])
+def test_common_random_numbers_under_a_small_input_change(change):
+    """Same seed, one robot's input nudged (0.1 dB of power, 1 % of size, one more send):
+    the fading and the BLER uniforms are drawn identically."""
     E, R, T = 4, 4, 3
     send = bernoulli_sends(T, E, R, 0.6, 7)
     tx = torch.full((E, R), 23.0)
-    tx2 = tx.clone()
-    tx2[1, 2] += 0.1
+    size = torch.full((E, R), 20_000.0)
     runs = []
-    for power in (tx, tx2):
+    for nudged in (False, True):
+        s_, tx_, size_ = send.clone(), tx.clone(), size.clone()
+        if nudged and change == "tx_dbm":
+            tx_[1, 2] += 0.1
+        elif nudged and change == "msg_bytes":
+            size_[1, 2] *= 1.01
+        elif nudged:
+            s_[0, 1, 2] = 1.0 - s_[0, 1, 2]
         eng = make_engine("L2-legacy", E, R, "cpu", seed=21)
         eng.trace = []
         pos = torch.full((E, R, 2), 80.0)
         for t in range(T):
-            eng.step(send[t], 20_000.0, pos=pos, tx_dbm=power)
+            eng.step(s_[t], size_, pos=pos, tx_dbm=tx_)
         runs.append(eng.trace)
     for d1, d2 in zip(*runs, strict=True):
         torch.testing.assert_close(d1["gain"], d2["gain"], rtol=0, atol=0)  # same fading
         torch.testing.assert_close(d1["u"], d2["u"], rtol=0, atol=0)  # same BLER uniforms
+    # The nudge did change something: the runs are not copies.
+    assert any(not torch.equal(d1["tb_bytes"], d2["tb_bytes"]) or not torch.equal(d1["known"], d2["known"])
+               for d1, d2 in zip(*runs, strict=True))
 
 
 def test_low_load_high_snr_against_l1():
