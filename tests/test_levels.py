@@ -249,3 +249,10 @@ def test_cuda_matches_cpu():
             tot = tot + e.step((sd.u[t] < sd.p).double(), sd.B, snr_db=sd.snr_db)["delivered"]
         outs[dev] = tot.cpu()
     assert torch.equal(outs["cpu"], outs["cuda"])
+
+
+def test_backend_choices():
+    with pytest.raises(ValueError, match="unknown backend 'jit'; expected one of: eager, cuda_graph"):
+        make_engine("L1", 1, 1, backend="jit")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        make_engine("L1", 1, 1, backend="cuda_graph")

@@ -42,9 +42,11 @@ class KpiAccumulator:
         s = self.sums
         nan = torch.full_like(s["offered"], float("nan"))
         delivered, offered = s["delivered"], s["offered"]
+        safe_delivered = torch.where(delivered > 0, delivered, 1.0)
+        safe_offered = torch.where(offered > 0, offered, 1.0)
         out = {
-            "delay": torch.where(delivered > 0, s["delay_sum"] / torch.where(delivered > 0, delivered, 1.0), nan),
-            "delivery": torch.where(offered > 0, delivered / torch.where(offered > 0, offered, 1.0), nan),
+            "delay": torch.where(delivered > 0, s["delay_sum"] / safe_delivered, nan),
+            "delivery": torch.where(offered > 0, delivered / safe_offered, nan),
             "aoi": s["aoi"] / self.num_steps,
             "energy_j": s["energy_j"] / self.num_steps,
             "mean_delay": s["delay_sum"].sum() / delivered.sum(),

@@ -230,7 +230,8 @@ def fit(x: torch.Tensor, y: torch.Tensor, *, hidden=(64, 64), epochs: int = 300,
     y0 = torch.where(finite, y, torch.zeros_like(y))
     cnt = finite.sum(0).clamp(min=1)
     y_mean = y0.sum(0) / cnt
-    y_std = torch.sqrt((torch.where(finite, y - y_mean, torch.zeros_like(y)) ** 2).sum(0) / cnt).clamp(min=1e-12)
+    dev = torch.where(finite, y - y_mean, torch.zeros_like(y))
+    y_std = torch.sqrt((dev ** 2).sum(0) / cnt).clamp(min=1e-12)
     proxy.x_mean.copy_(f.mean(0))
     proxy.x_std.copy_(f.std(0).clamp(min=1e-12))
     proxy.y_mean.copy_(y_mean)

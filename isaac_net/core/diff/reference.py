@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from isaac_net.core import _validate
-from isaac_net.core.levels import make_engine
 from isaac_net.core.kpi import KpiAccumulator, rollout_dims, send_uniforms
+from isaac_net.core.levels import make_engine
 
 
 def discrete_rollout(level: str, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None, deadline=None,

@@ -39,12 +39,15 @@ def smin_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
 
 
 def smax_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
-    """``smax(a, b)`` for a constant ``b > 0`` and ``tau > 0``: ``b exp(tau softplus((log a - log b) / tau))``."""
+    """``smax(a, b)`` for a constant ``b > 0`` and ``tau > 0``.
+
+    ``b exp(tau softplus((log a - log b) / tau))``.
+    """
     return b * torch.exp(tau * torch.nn.functional.softplus((_log_pos(a) - math.log(b)) / tau))
 
 
 def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
-    """Soft minimum of non-negative quantities in the log domain (relative temperature).
+    r"""Soft minimum of non-negative quantities in the log domain (relative temperature).
 
     .. math::
         \mathrm{smin}_\tau(a, b) = \exp\bigl(-\tau\,\mathrm{logsumexp}(-\log a/\tau, -\log b/\tau)\bigr)
@@ -65,7 +68,7 @@ def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
 
 
 def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
-    """Soft maximum of non-negative quantities in the log domain (relative temperature).
+    r"""Soft maximum of non-negative quantities in the log domain (relative temperature).
 
     .. math:: \mathrm{smax}_\tau(a, b) = (a^{1/\tau} + b^{1/\tau})^{\tau}
 
@@ -83,7 +86,7 @@ def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
 
 
 def soft_ge(served: torch.Tensor, cum: torch.Tensor, tau: float) -> torch.Tensor:
-    """Completion indicator ``1[served >= cum]`` as a sigmoid of the log ratio (relative).
+    r"""Completion indicator ``1[served >= cum]`` as a sigmoid of the log ratio (relative).
 
     .. math:: c_\\tau(S, c) = \\sigma\\bigl((\\log S - \\log c) / \\tau\\bigr)
 
@@ -155,7 +158,7 @@ def survival(deadline: torch.Tensor, num_ages: int, tau: float) -> torch.Tensor:
 
 
 def soft_floor(y: torch.Tensor, n_max: int, tau: float) -> torch.Tensor:
-    """``min(floor(y), n_max)`` for ``y >= 0`` as a sum of sigmoid steps at the integers (additive).
+    r"""``min(floor(y), n_max)`` for ``y >= 0`` as a sum of sigmoid steps at the integers (additive).
 
     .. math:: \\lfloor y \\rfloor_\\tau = \\sum_{j=1}^{n_{max}} \\sigma((y - j)/\\tau)
 
@@ -198,7 +201,7 @@ def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
 
 
 def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
-    """Binary-concrete sample from fixed uniforms ``u`` (pathwise gradient in ``p``).
+    r"""Binary-concrete sample from fixed uniforms ``u`` (pathwise gradient in ``p``).
 
     .. math:: s = \\sigma\\bigl((\\mathrm{logit}\\,p - \\mathrm{logit}\\,u) / \\lambda\\bigr)
 

@@ -25,18 +25,19 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
     """Build a discrete engine level.
 
     :param level: one of ``LEVELS`` (``"L1"``, ``"QA"``, ``"L2-legacy"``).
-    :param backend: ``"eager"``, or ``"cuda_graph"`` (CUDA only) to replay the step as a CUDA graph.
+    :param backend: ``"eager"``; ``"cuda_graph"`` (CUDA only) is reserved for a captured step.
     """
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; expected one of: {', '.join(LEVELS)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of: {', '.join(BACKENDS)}")
-    engine = LEVELS[level](E, R, device, cfg=cfg, dtype=dtype, seed=seed, **level_kwargs)
     if backend == "cuda_graph":
-        from isaac_net.core.levels.graphs import CudaGraphEngine
-
-        return CudaGraphEngine(engine)
-    return engine
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"backend 'cuda_graph' needs a CUDA device, got device={device!r}")
+        # Capturing the step needs the step counter on the device and no host-side branches;
+        # not built yet (see the "Speed and scale" issue).
+        raise NotImplementedError("backend 'cuda_graph' is not implemented yet; use backend='eager'")
+    return LEVELS[level](E, R, device, cfg=cfg, dtype=dtype, seed=seed, **level_kwargs)
 
 
 __all__ = ["KPI_KEYS", "LEVELS", "DiscreteLevel", "L2LegacyConfig", "NetFluid", "NetQA", "make_engine"]

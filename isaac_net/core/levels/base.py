@@ -215,7 +215,6 @@ def _compact(q: Queue, keep: torch.Tensor) -> Queue:
 
     :input keep: ``[E, R, F]`` bool.
     """
-    F = keep.shape[-1]
     # Stable sort of "not kept" puts kept entries first in their original order.
     order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
     k_sorted = torch.gather(keep, -1, order)

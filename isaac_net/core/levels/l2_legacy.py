@@ -179,6 +179,7 @@ class NetL2Legacy(DiscreteLevel):
         r = torch.arange(R, device=dev)
         self._sr_occasion = (torch.arange(l2.sr_period_slots, device=dev).unsqueeze(1)
                              == (r % l2.sr_period_slots).unsqueeze(0))  # [period, R]
+        self._has_occasion = [bool(x) for x in self._sr_occasion.any(1).tolist()]
         # Fading: a ring of the last H blocks covers both the current block and the
         # estimate's block (at most ceil(est_delay / coh) blocks back).
         self._num_blocks = -(-l2.est_delay_slots // l2.coh_slots) + 1
@@ -277,6 +278,7 @@ class NetL2Legacy(DiscreteLevel):
         uniforms, block_starts, new_blocks = self._draw_step(t)
         nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
         no_msgs = torch.zeros(E, R, A, dtype=torch.bool, device=dev)
+        no_robots = torch.zeros(E, R, dtype=torch.bool, device=dev)
         log = {k: [] for k in ("tx", "new", "nack", "retx", "fail", "round", "lost", "sr")}
         b_now = b_est = None
 
@@ -330,7 +332,8 @@ class NetL2Legacy(DiscreteLevel):
             # HARQ failure: RLC resends the bytes after rlc_delay_slots. A failed TB first sent
             # before the message's last RLC return belongs to that round; one sent after it
             # starts a new round. A message beyond rlc_max_retx rounds is lost.
-            first = torch.where(is_retx, hq_first[p], s)
+            hq_first[p].masked_fill_(is_new, s)  # a new TB starts here; a retransmission keeps its own
+            first = hq_first[p]
             if host and not bool(fail.any()):
                 is_lost = is_round = requeue = no_msgs
             else:
@@ -352,7 +355,6 @@ class NetL2Legacy(DiscreteLevel):
             hq_mcs[p] = mcs
             hq_acc[p] = torch.where(keep, acc, zero)
             hq_ntx[p] = torch.where(keep, ntx, zero_l)
-            hq_first[p] = first
 
             olla = mech.olla_update(olla, is_new, nack, up, down, omax)  # first transmissions
             avg = torch.lerp(avg, tb_bytes, 1.0 - beta)
@@ -362,8 +364,12 @@ class NetL2Legacy(DiscreteLevel):
             left = sendable - tb_bytes
             known = torch.where(tbs > 0, (left - outstanding).clamp(min=0), known)
             # SR: unreported data and nothing known or granted, at the robot's occasion.
-            is_sr = self._sr_occasion[s % l2.sr_period_slots] & (left > 0) & (known <= 0) & (outstanding <= 0)
-            known = torch.where(is_sr, sr_bytes, known)
+            if self._has_occasion[s % l2.sr_period_slots]:
+                is_occ = self._sr_occasion[s % l2.sr_period_slots]
+                is_sr = is_occ & (left > 0) & (known <= 0) & (outstanding <= 0)
+                known = torch.where(is_sr, sr_bytes, known)
+            else:
+                is_sr = no_robots
 
             # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now), on the
             # subbands they leave free, PF subband by subband, up to what each robot needs.

@@ -29,7 +29,8 @@ def mcs_thresholds_db(mcs_se: torch.Tensor, gap_db: float) -> torch.Tensor:
 
     :input mcs_se: ``[M]`` spectral efficiency per MCS, b/s/Hz (ascending).
     :output: ``[M]`` thresholds, dB. Ascending wherever ``mcs_se`` is (MCS 17 of the NR
-        table has a slightly lower SE than MCS 16; :func:`select_mcs` never picks it).
+        table has a slightly lower SE than MCS 16; with :func:`selection_bounds_db` the
+        selection skips MCS 16).
     """
     return gap_db + 10.0 * torch.log10(torch.pow(2.0, mcs_se) - 1.0)
 

@@ -1,0 +1,97 @@
+"""pytest-benchmark suite of the speed targets (issue "Speed and scale"), one CPU thread.
+
+Run with ``make bench`` (``pytest benchmarks/perf --benchmark-only``). Benchmarks, not
+timed tests: each records its target in ``extra_info`` and nothing fails when a shared
+machine is slow. Compare the eager and compiled rows of one run as ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import pytest
+import torch
+
+from isaac_net.core import make_engine
+from isaac_net.core.diff import DiffFluid, rollout
+from isaac_net.core.diff.reference import discrete_rollout
+
+R = 8
+
+
+def _problem(E, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.full((E, R), 0.4, requires_grad=True)
+    B = torch.where(torch.rand(E, R, generator=g) < 0.5, 4000.0, 30_000.0).requires_grad_()
+    tx = torch.full((E, R), 23.0, requires_grad=True)
+    pos = (40 + 100 * torch.rand(E, R, 2, generator=g)).requires_grad_()
+    return p, B, tx, pos
+
+
+def _fwd_bwd(net, T, p, B, tx, pos):
+    net.reset()
+    net.detach()
+    k = rollout(net, T, p, B, pos=pos, tx_dbm=tx)
+    (k["mean_delay"] + 0.5 * k["mean_aoi"] + 50.0 * k["mean_energy_j"]).backward()
+    return k
+
+
+def _info(benchmark, **kw):
+    benchmark.extra_info.update(
+        torch_threads=torch.get_num_threads(), load_avg_1min=os.getloadavg()[0],
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, torch=torch.__version__, **kw,
+    )
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.mark.benchmark(group="L1D E=16 T=60 fwd+bwd")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_l1d_e16(benchmark, compiled):
+    args = _problem(16)
+    net = DiffFluid(16, R, mode="L1", tau=0.05, compile=compiled)
+    _fwd_bwd(net, 60, *args)  # warm-up (compilation)
+    benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
+    _info(benchmark, target_s=0.1 if compiled else 1.0)
+
+
+@pytest.mark.benchmark(group="L1D E=64 T=60 fwd+bwd")
+def test_l1d_e64_compiled(benchmark):
+    args = _problem(64)
+    net = DiffFluid(64, R, mode="L1", tau=0.05, compile=True)
+    _fwd_bwd(net, 60, *args)
+    benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
+    _info(benchmark, target_s=0.3)
+
+
+@pytest.mark.benchmark(group="QAD E=64 T=60 fwd+bwd")
+def test_qad_e64(benchmark):
+    args = _problem(64)
+    net = DiffFluid(64, R, mode="QA", tau=0.05)
+    benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1, warmup_rounds=1)
+    _info(benchmark, target_s=0.05)
+
+
+@pytest.mark.benchmark(group="discrete E=64 T=200")
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_discrete(benchmark, level):
+    p, B, tx, pos = (x.detach() for x in _problem(64))
+    engine = make_engine(level, 64, R, dtype=torch.float32)
+    u = torch.rand(200, 64, R, generator=torch.Generator().manual_seed(1))
+    kw = dict(pos=pos, tx_dbm=tx, u=u, engine=engine)
+    benchmark.pedantic(discrete_rollout, args=(level, 200, p, B), kwargs=kw, rounds=3, iterations=1)
+    _info(benchmark, target_s=1.0)
+
+
+@pytest.mark.benchmark(group="L1D E=1024 T=200 fwd+bwd")
+def test_l1d_e1024_memory(benchmark):
+    args = _problem(1024)
+    net = DiffFluid(1024, R, mode="L1", tau=0.05, compile=True)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    benchmark.pedantic(_fwd_bwd, args=(net, 200, *args), rounds=1, iterations=1, warmup_rounds=1)
+    _info(benchmark, target_peak_gb=8.0,
+          peak_rss_growth_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024)
