@@ -99,14 +99,16 @@ def test_collect_from_a_discrete_level():
     ],
 )
 def test_predict_rejects_bad_inputs(fitted, kwargs, match):
-    args = {"p": torch.full((2, 3), 0.5), "msg_bytes": torch.full((2, 3), 1e4), "snr_db": torch.full((2, 3), 20.0)}
+    args = {"p": torch.full((2, 3), 0.5), "msg_bytes": torch.full((2, 3), 1e4),
+            "snr_db": torch.full((2, 3), 20.0)}
     with pytest.raises(ValueError, match=match):
         fitted.predict(**{**args, **kwargs})
 
 
 def test_bad_ranges_and_shapes_are_rejected():
     with pytest.raises(ValueError, match="ranges"):
-        px.sample_inputs(2, 2, torch.Generator(), {"p": (0.5, 0.1), "msg_bytes": (1.0, 2.0), "snr_db": (0.0, 1.0)})
+        bad = {"p": (0.5, 0.1), "msg_bytes": (1.0, 2.0), "snr_db": (0.0, 1.0)}
+        px.sample_inputs(2, 2, torch.Generator(), bad)
     with pytest.raises(ValueError, match="x: expected"):
         px.fit(torch.zeros(4, 3), torch.zeros(4, 4))
 

@@ -38,7 +38,7 @@ def test_sensitivity_runs_and_reports_every_row():
     out = sensitivity.compute(params, progress=False)
     assert len(out["table"]) == len(sensitivity.KPIS) * len(sensitivity.INPUTS)
     assert {"op", "derivative", "L2-legacy FD", "QAD mf", "QAD rb"} <= set(out["table"][0])
-    for key in ("QAD_mf_sign_agree", "QAD_rb_median_ratio", "n_seeds", "fd_step_p", "wall_l2_fd_s"):
+    for key in ("QAD_mf_sign_agree_frac", "QAD_rb_median_ratio", "n_seeds", "fd_step_p", "wall_l2_fd_s"):
         assert key in out["summary"]
     assert all(len(r["grad"]) == 3 and len(r["fd"]) == 3 for r in out["rows"])
 
@@ -104,8 +104,9 @@ def test_random_search_keeps_the_best_candidate():
     sc = opt_rates.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
     best = opt_rates.random_search(sc, params, opt_rates._Sampler(dec), progress=False)
-    cost = opt_rates.env_cost(opt_rates.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None,
-                                                       seed=params["seed"], dtype=torch.float32), params["cost"])
+    kept = opt_rates.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None, seed=params["seed"],
+                                    dtype=torch.float32)
+    cost = opt_rates.env_cost(kept, params["cost"])
     # Every candidate of the same draw is at least as costly as the kept one.
     cands = opt_rates._Sampler(dec)(4, opt_rates.generator(params["seed"] + 2))
     k = opt_rates.discrete_score(params["level"], 6, 1, cands, sc["u_train"].repeat(1, 4, 1), cfg=None,
