@@ -13,8 +13,8 @@
 #      state, spool, logs, pid files) under one temp dir, on free TCP ports; nothing
 #      under /etc is touched. Clients find the cluster through $SLURM_CONF;
 #   3. snapshots the working tree (tracked + untracked, not ignored files) into two
-#      copies under the temp dir: "slurm" and "local", so neither touches results/
-#      of the checkout nor clashes with somebody's local ci run;
+#      copies under the temp dir: "slurm" and "local", so neither touches the results
+#      (benchmarks/diff/results/) of the checkout nor clashes with a local ci run;
 #   4. runs the ci pipeline in "slurm" through `--workflow-profile
 #      workflow/profiles/slurm` and, at the same time, in "local" with --cores;
 #   5. checks every non-local rule ran as a COMPLETED SLURM job (slurmctld's job
@@ -121,7 +121,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1]); s.close()'
+    "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1]); s.close()'
 }
 
 step_cluster() {
