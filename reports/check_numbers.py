@@ -2,7 +2,7 @@
 
 The renderer marks each section with ``<!-- artifacts: path [path ...] -->``; a number in
 that section must equal, to the precision it is printed with, a number of one of those
-artifacts (a JSON number, or a number inside one of its strings). Code spans, fenced
+artifacts (a JSON number, or a number inside one of its strings or keys). Code spans, fenced
 code, HTML comments, headings and link targets are skipped (commands, paths, versions, commit
 hashes). Text before the first marker may hold no number at all.
 
@@ -34,7 +34,7 @@ SKIP = [
 
 
 def artifact_numbers(data) -> list[float]:
-    """Every number in a JSON value, including numbers written inside its strings."""
+    """Every number in a JSON value, including numbers written inside its strings and keys."""
     out: list[float] = []
 
     def walk(x):
@@ -45,7 +45,8 @@ def artifact_numbers(data) -> list[float]:
         elif isinstance(x, str):
             out.extend(float(m.group()) for m in NUMBER.finditer(x))
         elif isinstance(x, dict):
-            for v in x.values():
+            for k, v in x.items():
+                walk(k)  # keys are printed too: generic tables take their headers from them
                 walk(v)
         elif isinstance(x, list):
             for v in x:

@@ -42,10 +42,11 @@ def inputs(E, R, T, p, seed, dtype, device) -> dict:
 def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
     from isaac_net.core.diff import DiffFluid, rollout
 
-    net = DiffFluid(E, R, device, mode=mode, tau=tau, dtype=dtype, compile=compile_)
     fwd, bwd = [], []
     for _ in range(repeats + (1 if compile_ else 0)):
-        net.reset()
+        # A fresh model per pass: a reset state would still link to the previous pass's graph.
+        # torch.compile caches per process, so only the first pass compiles.
+        net = DiffFluid(E, R, device, mode=mode, tau=tau, dtype=dtype, compile=compile_)
         leaf = {k: x[k].clone().requires_grad_(True) for k in ("p", "B", "tx", "pos")}
         _sync(device)
         t0 = time.perf_counter()
