@@ -15,8 +15,6 @@ from isaac_net.core import CellConfig, L2LegacyConfig, make_engine
 from isaac_net.core.levels import l2_mechanisms as mech
 from isaac_net.core.levels.l2_legacy import NetL2Legacy
 
-torch.set_num_threads(1)
-
 L2 = L2LegacyConfig()
 CFG = CellConfig()
 K = CFG.num_slots
