@@ -142,7 +142,10 @@ step_cluster() {
     munge -S "$sock" -n | unmunge -S "$sock" >/dev/null || die "munge round trip failed"
 
     local mem_mb ctld_port d_port
-    mem_mb=$(awk '/MemTotal/ {printf "%d", $2/1024*0.8}' /proc/meminfo)
+    # RealMemory: 80 % of the RAM, but at least 32 GB so that the profile's per-stage
+    # mem_mb requests (sized for the full profile) fit on a small test box; the ci stages
+    # use a few hundred MB. config_overrides keeps slurmd from draining the node then.
+    mem_mb=$(awk '/MemTotal/ {m = $2/1024*0.8; if (m < 32768) m = 32768; printf "%d", m}' /proc/meminfo)
     ctld_port=$(free_port); d_port=$(free_port)
     while [ "$d_port" = "$ctld_port" ]; do d_port=$(free_port); done
     cat >"$STATE/slurm.conf" <<EOF
@@ -169,6 +172,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
+SlurmdParameters=config_overrides
 MinJobAge=3600
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
