@@ -19,8 +19,9 @@ whose uniform lies within ``h`` of ``p`` change, so the step must be large enoug
 many to (the default 0.05 changes about 10 % of the sends).
 
 Comparison per row: sign agreement of the model's mean with the FD mean (counted only
-where the FD differs from zero by more than two standard errors), and the magnitude ratio
-model / FD with a paired bootstrap 95 % interval over replicates.
+where the FD differs from zero by more than two standard errors; a model gradient below
+``ZERO_RATIO`` of the FD counts as a disagreement, "model gradient ~ 0"), and the
+magnitude ratio model / FD with a paired bootstrap 95 % interval over replicates.
 """
 
 
@@ -42,6 +43,7 @@ KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "A
 INPUTS = ("p", "kbytes", "tx_db", "dist_m")
 INPUT_LABEL = {"p": "p", "kbytes": "kB", "tx_db": "tx dB", "dist_m": "dist m"}
 SENDS = {"mf": "mean_field", "rb": "relaxed"}
+ZERO_RATIO = 1e-3  # |model / FD| below this counts as a zero model gradient (a sign disagreement)
 
 
 def problem(op: dict, n_seeds: int, envs_per_seed: int, R: int, T: int, seed: int, dtype) -> dict:
@@ -208,11 +210,14 @@ def compute(params: dict, progress: bool = True) -> dict:
                     g = grads[(mode, sends)][(kpi, name)].numpy()
                     g_mean, g_std = float(g.mean()), float(g.std(ddof=1))
                     ratio, lo, hi = ratio_ci(g, ref, int(params["n_boot"]), rng)
-                    agree = bool(np.sign(g_mean) == np.sign(ref_mean)) if significant else None
+                    # A model gradient below 1e-3 of the FD is numerically zero: its sign means nothing.
+                    is_zero = abs(g_mean) < ZERO_RATIO * abs(ref_mean)
+                    same_sign = bool(np.sign(g_mean) == np.sign(ref_mean)) and not is_zero
+                    agree = same_sign if significant else None
                     label = f"{mode}D {sends}"
                     verdict = {True: "sign ok", False: "sign WRONG", None: "FD ~ 0"}[agree]
-                    if g_mean == 0.0 and significant:
-                        verdict = "model gradient 0"
+                    if is_zero and significant:
+                        verdict = "model gradient ~ 0"
                     row[label] = (f"{_f(g_mean)} ± {_f(g_std)}; ratio {_f(ratio)} [{_f(lo)}, {_f(hi)}]; "
                                   f"{verdict}")
                     detail.append({"op": op_name, "kpi": kpi, "input": name, "model": label,
@@ -270,44 +275,45 @@ def _f(x: float) -> str:
 
 
 def figure(detail: list[dict], path: str) -> None:
-    """Model gradient against the L2-legacy FD, one panel per KPI, both normalised by the FD's
-    scale per (op, input) so that the panels hold inputs of different units."""
+    """Ratio model gradient / L2-legacy FD with its 95 % interval, one panel per operating
+    point, one column of markers per derivative the FD resolves (symlog axis: a negative
+    ratio is a sign disagreement; 1 is agreement in sign and size)."""
     try:
         from _plots import save
     except ImportError:
         from benchmarks.diff._plots import save
     import matplotlib.pyplot as plt
 
-    models = sorted({d["model"] for d in detail})
-    markers = {m: mk for m, mk in zip(models, "os^vD<>", strict=False)}
-    ops = sorted({d["op"] for d in detail})
+    models = list(dict.fromkeys(d["model"] for d in detail))
+    ops = list(dict.fromkeys(d["op"] for d in detail))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(1, len(KPIS), figsize=(4.0 * len(KPIS), 4.0))
-    for ax, kpi in zip(axes, KPIS, strict=True):
-        lim = 0.0
-        for d in (d for d in detail if d["kpi"] == kpi):
-            scale = abs(d["fd_mean"]) + 2 * d["fd_se"]
-            if scale == 0:
-                continue
-            x, xe, y = d["fd_mean"] / scale, 2 * d["fd_se"] / scale, d["grad_mean"] / scale
-            y = max(min(y, 5.0), -5.0)
-            lim = max(lim, abs(x) + xe, abs(y))
-            color = colors[ops.index(d["op"]) % len(colors)]
-            ax.errorbar(x, y, xerr=xe, fmt=markers[d["model"]], color=color,
-                        ms=4, alpha=0.8, elinewidth=0.6)
-        lim = max(lim, 1.0) * 1.1
-        ax.plot([-lim, lim], [-lim, lim], "k:", lw=0.8)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.axvline(0, color="grey", lw=0.5)
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-        ax.set_title(f"d {KPI_LABEL[kpi]} / d input")
-        ax.set_xlabel("L2-legacy FD (± 2 SE), scaled")
-    axes[0].set_ylabel("model gradient, same scale (clipped at ±5)")
-    handles = [plt.Line2D([], [], ls="", marker=markers[m], color="k", label=m) for m in models]
-    handles += [plt.Line2D([], [], ls="-", color=colors[i % len(colors)], label=f"op {o}")
-                for i, o in enumerate(ops)]
-    axes[-1].legend(handles=handles, fontsize=7, loc="lower right")
+    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.6 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops, strict=True):
+        labels = list(dict.fromkeys(f"d {KPI_LABEL[d['kpi']]} / d {INPUT_LABEL[d['input']]}" for d in detail
+                                    if d["op"] == op and d["fd_significant"]))
+        for j, m in enumerate(models):
+            rows = [d for d in detail if d["op"] == op and d["model"] == m and d["fd_significant"]]
+            xs, ys, lo, hi = [], [], [], []
+            for d in rows:
+                x = labels.index(f"d {KPI_LABEL[d['kpi']]} / d {INPUT_LABEL[d['input']]}")
+                r = max(min(d["ratio"], 1e3), -1e3)
+                xs.append(x + (j - (len(models) - 1) / 2) * 0.15)
+                ys.append(r)
+                l_, h_ = d["ratio_lo"], d["ratio_hi"]
+                lo.append(r - max(min(l_, 1e3), -1e3) if math.isfinite(l_) else 0.0)
+                hi.append(max(min(h_, 1e3), -1e3) - r if math.isfinite(h_) else 0.0)
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=colors[j % len(colors)], label=m,
+                        elinewidth=0.8)
+        ax.axhline(1.0, color="k", ls=":", lw=0.8)
+        ax.axhline(0.0, color="grey", lw=0.5)
+        ax.set_yscale("symlog", linthresh=1e-2)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("model / L2-legacy FD")
+        ax.set_title(f"operating point {op}: derivatives the FD resolves (|mean| > 2 SE), 95 % CI",
+                     fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=len(models))
     fig.tight_layout()
     save(fig, path)
 
