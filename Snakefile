@@ -2,7 +2,8 @@
 # workflow/rules/common.smk, each stage's rule in its own file.
 #
 #   snakemake --cores 32 report                              # full profile (config/config.yaml)
-#   snakemake --cores 2 --configfile config/ci.yaml report   # another profile
+#   snakemake --cores 2 report --configfile config/ci.yaml   # another profile (target first:
+#                                                            # --configfile takes several files)
 from snakemake.utils import min_version, validate
 
 min_version("8.0")

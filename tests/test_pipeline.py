@@ -182,7 +182,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     eq = section(page, "## Equivalence at tau = 0")
     assert "max difference 0 at 1e-4 tolerance" in eq
     assert "per-robot delay sums within 3.3e-16 relative" in eq
-    assert "case `overload` with L1D vs L1 (23 timeouts and 17 overflows of 137 offered messages)" in eq
+    assert "case `overload` with L1D vs L1 (23 timeouts and 17 overflows of 137 offered messages); case" in eq
     assert "E = 8, R = 6, T = 50" in eq
 
     conv = section(page, "## Convergence as tau → 0")
