@@ -189,7 +189,7 @@ def figure(payload: dict, path: str) -> None:
     ax.plot([-1.2, 1.2], [-1.2, 1.2], "k:", lw=0.8)
     ax.axhline(0, color="grey", lw=0.5)
     ax.axvline(0, color="grey", lw=0.5)
-    ax.set_title("per-robot gradients (scaled)", fontsize=9)
+    ax.set_title("per-robot gradients, one point per table row (scaled)", fontsize=8)
     ax.set_xlabel("L2-legacy FD ± 2 SE")
     ax.set_ylabel("proxy (clipped at ±5)")
     fig.tight_layout()
