@@ -266,9 +266,10 @@ def compute(params: dict, decisions_cls=RateDecisions, progress=True) -> dict:
         summary[f"{lvl}_cost_random_best_of_{n}"] = r["cost"]
         beats = (g["_env_cost"] < r["_env_cost"]).double()
         summary[f"{lvl}_gradient_beats_random_envs"] = float(beats.mean())
-        for kpi in KPIS:
-            summary[f"{lvl}_{kpi}_start"] = s[kpi]
-            summary[f"{lvl}_{kpi}_gradient"] = g[kpi]
+        if key == "l2":  # the discrete level's KPIs are in the table
+            for kpi in KPIS:
+                summary[f"{lvl}_{kpi}_start"] = s[kpi]
+                summary[f"{lvl}_{kpi}_gradient"] = g[kpi]
     summary.update({"wall_gradient_s": t1 - t0, "wall_random_search_s": t2 - t1, "wall_scoring_s": t3 - t2})
     table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
