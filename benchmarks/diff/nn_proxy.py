@@ -37,7 +37,7 @@ INPUT_UNIT = {"p": "p", "msg_bytes": "kB", "snr_db": "SNR dB"}
 KPI_LABEL = {"delay": "delay", "delivery": "delivery", "aoi": "AoI", "energy_j": "energy"}
 
 
-def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True) -> list[dict]:
+def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True, device="cpu") -> list[dict]:
     """Proxy vs L2-legacy central FD of robot 0's KPIs in robot 0's own inputs, per cell."""
     from isaac_net.core.diff.reference import discrete_rollout
 
@@ -56,9 +56,11 @@ def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True) -> 
         x = dict(inp)
         if shift_name is not None:
             x[shift_name] = x[shift_name] + sgn * steps[shift_name]
+        x = {k: v.to(device) for k, v in x.items()}
         res = discrete_rollout(params["level"], T, x["p"], x["msg_bytes"], snr_db=x["snr_db"], warmup=warmup,
-                               u=u, cfg=cfg, dtype=dtype, seed=int(params["seed"]) + 20_000)
-        return {k: res[k][:, 0].double() for k in px.TARGETS}
+                               u=u.to(device), cfg=cfg, dtype=dtype, seed=int(params["seed"]) + 20_000,
+                               device=device)
+        return {k: res[k][:, 0].cpu().double() for k in px.TARGETS}
 
     jobs = [(n, s) for n in px.INPUTS[:3] for s in (1.0, -1.0)]
     it = jobs if not progress else tqdm(jobs, desc=f"{params['level']} FD", mininterval=2.0)
@@ -95,7 +97,8 @@ def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True) -> 
     return rows
 
 
-def compute(params: dict, model_path: str | None = None, progress: bool = True) -> dict:
+def compute(params: dict, model_path: str | None = None, progress: bool = True, device: str = "cpu") -> dict:
+    """The study: collect on ``device``, fit on the CPU, gradient check on ``device``."""
     dtype = getattr(torch, params.get("dtype", "float32"))
     cfg = cell_config(params.get("cell", {}))
     torch.manual_seed(int(params["seed"]))
@@ -104,7 +107,7 @@ def compute(params: dict, model_path: str | None = None, progress: bool = True) 
     t0 = time.perf_counter()
     data = px.collect(params["level"], n_train + n_test, R, int(params["T"]), warmup=int(params["warmup"]),
                       seed=int(params["seed"]), ranges=params.get("ranges"), cfg=cfg, dtype=dtype,
-                      batch_cells=int(params["batch_cells"]), progress=bar)
+                      batch_cells=int(params["batch_cells"]), progress=bar, device=device)
     t1 = time.perf_counter()
     train = data["cell"] < n_train
     fbar = (lambda xs: tqdm(xs, desc="fit", mininterval=2.0)) if progress else None
@@ -121,7 +124,7 @@ def compute(params: dict, model_path: str | None = None, progress: bool = True) 
         again = px.Proxy.load(model_path)
         with torch.no_grad():
             reload_diff = float((again(data["x"][~train]) - model(data["x"][~train])).abs().max())
-    grows = gradient_check(model, params, cfg, dtype, progress)
+    grows = gradient_check(model, params, cfg, dtype, progress, device)
     t3 = time.perf_counter()
     summary = {"level": params["level"], "train_cells": n_train, "test_cells": n_test, "robots": R,
                "T": int(params["T"]), "warmup": int(params["warmup"]),
@@ -198,7 +201,7 @@ def figure(payload: dict, path: str) -> None:
 
 def main(stage, params: dict, out: dict) -> None:
     """Neural proxy: fit to L2-legacy per-robot KPIs, held-out quality, gradients vs FD."""
-    payload = compute(params, out.get("model"))
+    payload = compute(params, out.get("model"), device=stage.device)
     fig_name = None
     if "figure" in out:
         figure(payload, out["figure"])

@@ -53,8 +53,8 @@ def env_cost(k: dict, c: dict) -> torch.Tensor:
 
 
 def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
-    """Per-env KPIs and cost inputs of decisions ``dec`` (``p, B`` and ``pos``+``tx_dbm``
-    or ``snr_db``) on a discrete level with send uniforms ``u``; envs in chunks of ``chunk``."""
+    """Per-env KPIs ``[E]`` (on the CPU, float64) of decisions ``dec`` (``p, B, pos, tx_dbm``)
+    on a discrete level with send uniforms ``u``; envs in chunks of ``chunk``."""
     from isaac_net.core.diff.reference import discrete_rollout
 
     E = dec["p"].shape[0]
@@ -64,9 +64,9 @@ def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) ->
         sl = slice(s, s + chunk)
         res = discrete_rollout(level, T, dec["p"][sl], dec["B"][sl], pos=dec["pos"][sl],
                                tx_dbm=dec["tx_dbm"][sl], warmup=warmup, u=u[:, sl], cfg=cfg, dtype=dtype,
-                               seed=seed)
+                               seed=seed, device=dec["p"].device)
         parts.append(env_kpis(res))
-    return {k: torch.cat([p[k] for p in parts]).double() for k in KPIS}
+    return {k: torch.cat([p[k] for p in parts]).cpu().double() for k in KPIS}
 
 
 def anneal(tau_start: float, tau_end: float, i: int, n: int) -> float:
@@ -76,18 +76,20 @@ def anneal(tau_start: float, tau_end: float, i: int, n: int) -> float:
     return tau_start * (tau_end / tau_start) ** (i / (n - 1))
 
 
-def scenario(E: int, R: int, params: dict, dtype) -> dict:
-    """Fixed parts of the problem: positions, message sizes, training and held-out uniforms."""
+def scenario(E: int, R: int, params: dict, dtype, device="cpu") -> dict:
+    """Fixed parts of the problem: positions, message sizes, training and held-out uniforms
+    (drawn on the CPU, then moved to ``device``)."""
     g = generator(int(params["seed"]))
     lo, hi = params.get("area_m", [40.0, 140.0])
     sizes = torch.tensor([float(s) for s in params["sizes_bytes"]], dtype=dtype)
-    return {
+    sc = {
         "pos": lo + (hi - lo) * torch.rand(E, R, 2, generator=g, dtype=dtype),
         "B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
         "u_train": torch.rand(params["T_eval"], E, R, generator=g, dtype=dtype),
         "u_test": torch.rand(params["T_eval"], E, R, generator=generator(int(params["seed"]) + 10_000),
                              dtype=dtype),
     }
+    return {k: v.to(device) for k, v in sc.items()}
 
 
 def bounded(theta: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -104,7 +106,7 @@ def gradient_opt(sc: dict, params: dict, decisions, score_every, progress=True) 
     decisions and a history of (iteration, relaxed cost, tau[, held-out discrete cost])."""
     from isaac_net.core.diff import DiffFluid, rollout
 
-    dtype = sc["B"].dtype
+    dtype, dev = sc["B"].dtype, sc["B"].device
     E, R = sc["B"].shape
     cfg = cell_config(params.get("cell", {}))
     theta = decisions.init()
@@ -115,9 +117,9 @@ def gradient_opt(sc: dict, params: dict, decisions, score_every, progress=True) 
     it = range(n_it) if not progress else tqdm(range(n_it), desc="gradient", mininterval=2.0)
     for i in it:
         tau = anneal(float(params["tau_start"]), float(params["tau_end"]), i, n_it)
-        net = DiffFluid(E, R, "cpu", mode=params["mode"], tau=tau, cfg=cfg, dtype=dtype)
+        net = DiffFluid(E, R, dev, mode=params["mode"], tau=tau, cfg=cfg, dtype=dtype)
         dec = decisions(theta)
-        u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype)
+        u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype).to(dev)
         res = rollout(net, int(params["T"]), dec["p"], dec["B"], pos=dec["pos"], tx_dbm=dec["tx_dbm"],
                       warmup=int(params["warmup"]), sends=params["sends"], u=u, lam=float(params["lam"]))
         cost = env_cost(env_kpis(res), params["cost"]) + decisions.extra_cost(dec)
@@ -130,7 +132,7 @@ def gradient_opt(sc: dict, params: dict, decisions, score_every, progress=True) 
                 d = {k: v.detach() for k, v in decisions(theta).items()}
             k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), d,
                                sc["u_test"], cfg=cfg, seed=int(params["seed"]), dtype=dtype)
-            cost_d = env_cost(k, params["cost"]) + decisions.extra_cost(d)
+            cost_d = env_cost(k, params["cost"]) + decisions.extra_cost(d).cpu()
             row["discrete_cost_heldout"] = float(cost_d.mean())
         hist.append(row)
     with torch.no_grad():
@@ -157,16 +159,17 @@ def random_search(sc: dict, params: dict, sample, progress=True) -> dict:
         u = sc["u_train"].repeat(1, m, 1)
         k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), dec, u,
                            cfg=cfg, seed=int(params["seed"]), dtype=dtype)
-        c = (env_cost(k, params["cost"]) + sample.extra_cost(dec)).reshape(m, E)
+        c = (env_cost(k, params["cost"]) + sample.extra_cost(dec).cpu()).reshape(m, E)
         c = torch.where(torch.isfinite(c), c, torch.full_like(c, math.inf))
         cmin, arg = c.min(0)
         better = cmin < best_cost
         best_cost = torch.where(better, cmin, best_cost)
-        pick = {key: v.reshape(m, E, *v.shape[1:])[arg, torch.arange(E)] for key, v in dec.items()}
+        pick = {key: v.reshape(m, E, *v.shape[1:])[arg.to(v.device), torch.arange(E, device=v.device)]
+                for key, v in dec.items()}
         if best is None:
             best = pick
         else:
-            best = {key: torch.where(better.view(E, *([1] * (v.ndim - 1))), pick[key], v)
+            best = {key: torch.where(better.to(v.device).view(E, *([1] * (v.ndim - 1))), pick[key], v)
                     for key, v in best.items()}
     return best
 
@@ -181,7 +184,7 @@ def score_all(sc: dict, params: dict, sols: dict, extra_cost) -> list[dict]:
             k = discrete_score(level, int(params["T_eval"]), int(params["warmup_eval"]), dec, sc["u_test"],
                                cfg=cfg, seed=int(params["seed"]) + 7, dtype=dtype,
                                chunk=params.get("score_chunk_envs"))
-            cost = env_cost(k, params["cost"]) + extra_cost(dec)
+            cost = env_cost(k, params["cost"]) + extra_cost(dec).cpu()
             rows.append({"scored_on": f"{level} (held-out sends)", "solution": name,
                          "cost": float(cost.mean()), "cost_median": float(cost.median()),
                          **{kk: float(v.mean()) for kk, v in k.items()},
@@ -199,24 +202,25 @@ class RateDecisions:
         self.E, self.R = E, R
 
     def init(self) -> dict:
-        b, dt = self.b, self.sc["B"].dtype
+        b, dt, dev = self.b, self.sc["B"].dtype, self.sc["B"].device
         p0 = unbounded(float(self.params["p_init"]), *b["p"])
         t0 = unbounded(float(self.params["tx_init_dbm"]), *b["tx_dbm"])
-        return {"p": torch.full((self.E, self.R), p0, dtype=dt, requires_grad=True),
-                "tx": torch.full((self.E, self.R), t0, dtype=dt, requires_grad=True)}
+        return {"p": torch.full((self.E, self.R), p0, dtype=dt, device=dev, requires_grad=True),
+                "tx": torch.full((self.E, self.R), t0, dtype=dt, device=dev, requires_grad=True)}
 
     def __call__(self, theta: dict) -> dict:
         return {"p": bounded(theta["p"], *self.b["p"]), "tx_dbm": bounded(theta["tx"], *self.b["tx_dbm"]),
                 "B": self.sc["B"], "pos": self.sc["pos"]}
 
     def extra_cost(self, dec: dict) -> torch.Tensor:
-        return torch.zeros(dec["p"].shape[0], dtype=torch.float64)
+        return torch.zeros(dec["p"].shape[0], dtype=torch.float64, device=dec["p"].device)
 
     def sample(self, n: int, gen: torch.Generator) -> dict:
         b, dt, E, R = self.b, self.sc["B"].dtype, self.E, self.R
+        dev = self.sc["B"].device
 
-        def uni(lo, hi):
-            return lo + (hi - lo) * torch.rand(n * E, R, generator=gen, dtype=dt)
+        def uni(lo, hi):  # drawn on the CPU: the same candidates on every device
+            return (lo + (hi - lo) * torch.rand(n * E, R, generator=gen, dtype=dt)).to(dev)
 
         return {"p": uni(*b["p"]), "tx_dbm": uni(*b["tx_dbm"]), "B": self.sc["B"].repeat(n, 1),
                 "pos": self.sc["pos"].repeat(n, 1, 1)}
@@ -233,12 +237,12 @@ class _Sampler:
         return self.d.extra_cost(dec)
 
 
-def compute(params: dict, decisions_cls=RateDecisions, progress=True) -> dict:
+def compute(params: dict, decisions_cls=RateDecisions, progress=True, device: str = "cpu") -> dict:
     """The study: gradient, random search, scoring. Returns the artifact payload."""
     torch.manual_seed(int(params["seed"]))
     dtype = getattr(torch, params.get("dtype", "float32"))
     E, R = int(params["E"]), int(params["R"])
-    sc = scenario(E, R, params, dtype)
+    sc = scenario(E, R, params, dtype, device)
     decisions = decisions_cls(sc, params)
     with torch.no_grad():
         start = {k: v.detach() for k, v in decisions(decisions.init()).items()}
@@ -319,7 +323,7 @@ def write(stage, payload: dict, out: dict, title: str) -> None:
 
 def main(stage, params: dict, out: dict) -> None:
     """Per-robot send probability and transmit power: gradient vs random search."""
-    write(stage, compute(params, RateDecisions), out, "Send probability and tx power")
+    write(stage, compute(params, RateDecisions, device=stage.device), out, "Send probability and tx power")
 
 
 if __name__ == "__main__":

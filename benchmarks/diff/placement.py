@@ -30,9 +30,9 @@ class PlacementDecisions:
     def __init__(self, sc: dict, params: dict):
         self.sc, self.params = sc, params
         self.E, self.R = sc["B"].shape
-        dt = sc["B"].dtype
-        self.p = torch.full((self.E, self.R), float(params["p"]), dtype=dt)
-        self.tx = torch.full((self.E, self.R), float(params["tx_dbm"]), dtype=dt)
+        dt, dev = sc["B"].dtype, sc["B"].device
+        self.p = torch.full((self.E, self.R), float(params["p"]), dtype=dt, device=dev)
+        self.tx = torch.full((self.E, self.R), float(params["tx_dbm"]), dtype=dt, device=dev)
 
     def init(self) -> dict:
         return {"pos": self.sc["pos"].clone().requires_grad_(True)}
@@ -52,14 +52,16 @@ class PlacementDecisions:
 
     def sample(self, n: int, gen: torch.Generator) -> dict:
         dt, E, R = self.sc["B"].dtype, self.E, self.R
+        # Drawn on the CPU: the same candidates on every device.
         r = float(self.params["radius_m"]) * torch.sqrt(torch.rand(n * E, R, generator=gen, dtype=dt))
         a = 2 * torch.pi * torch.rand(n * E, R, generator=gen, dtype=dt)
-        pos = self.sc["pos"].repeat(n, 1, 1) + torch.stack([r * torch.cos(a), r * torch.sin(a)], -1)
+        step = torch.stack([r * torch.cos(a), r * torch.sin(a)], -1).to(self.sc["pos"].device)
+        pos = self.sc["pos"].repeat(n, 1, 1) + step
         return self({"pos": pos})
 
 
-def compute_placement(params: dict, progress: bool = True) -> dict:
-    payload = compute(params, PlacementDecisions, progress)
+def compute_placement(params: dict, progress: bool = True, device: str = "cpu") -> dict:
+    payload = compute(params, PlacementDecisions, progress, device)
     sc, sols = payload["_sc"], {"gradient": payload["_grad_sol"], "random search": payload["_rs_sol"]}
     for name, sol in sols.items():
         moved = (sol["pos"] - sc["pos"]).norm(dim=-1)
@@ -76,7 +78,8 @@ def compute_placement(params: dict, progress: bool = True) -> dict:
 
 def main(stage, params: dict, out: dict) -> None:
     """Robot placement against network KPIs plus a movement cost: gradient vs random search."""
-    write(stage, compute_placement(params), out, "Robot placement (movement cost included)")
+    payload = compute_placement(params, device=stage.device)
+    write(stage, payload, out, "Robot placement (movement cost included)")
 
 
 if __name__ == "__main__":

@@ -112,9 +112,10 @@ def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dic
     from isaac_net.core.diff import DiffFluid, rollout
 
     E, R = base["p"].shape
-    shift = {k: torch.zeros(n_seeds, dtype=base["p"].dtype, requires_grad=True) for k in INPUTS}
+    dev = base["p"].device
+    shift = {k: torch.zeros(n_seeds, dtype=base["p"].dtype, device=dev, requires_grad=True) for k in INPUTS}
     x = inputs_at(base, shift, n_seeds)
-    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
+    net = DiffFluid(E, R, dev, mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
     res = rollout(net, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
                   sends=SENDS[sends], u=base["u"] if sends == "rb" else None, lam=lam)
     k = replicate_kpis(res, n_seeds)
@@ -123,8 +124,8 @@ def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dic
         g = torch.autograd.grad(k[kpi].sum(), [shift[n] for n in INPUTS], retain_graph=i < len(KPIS) - 1,
                                 allow_unused=True)
         for name, gi in zip(INPUTS, g, strict=True):
-            grads[(kpi, name)] = (torch.zeros(n_seeds) if gi is None else gi.detach()).double()
-    return grads, {kpi: v.detach().double() for kpi, v in k.items()}
+            grads[(kpi, name)] = (torch.zeros(n_seeds) if gi is None else gi.detach().cpu()).double()
+    return grads, {kpi: v.detach().cpu().double() for kpi, v in k.items()}
 
 
 def l2_fd(base, n_seeds, T, warmup, steps, engine_seed, cfg, dtype, level,
@@ -135,8 +136,8 @@ def l2_fd(base, n_seeds, T, warmup, steps, engine_seed, cfg, dtype, level,
     def kpis_at(shift):
         x = inputs_at(base, shift, n_seeds)
         res = discrete_rollout(level, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
-                               u=base["u"], cfg=cfg, dtype=dtype, seed=engine_seed)
-        return {k: v.double() for k, v in replicate_kpis(res, n_seeds).items()}
+                               u=base["u"], cfg=cfg, dtype=dtype, seed=engine_seed, device=base["p"].device)
+        return {k: v.cpu().double() for k, v in replicate_kpis(res, n_seeds).items()}
 
     jobs = [(None, 0.0)] + [(name, sgn) for name in INPUTS for sgn in (1.0, -1.0)]
     it = jobs if progress is None else progress(jobs)
@@ -168,8 +169,9 @@ def ratio_ci(model: np.ndarray, ref: np.ndarray, n_boot: int, rng: np.random.Gen
     return ratio, float(lo), float(hi)
 
 
-def compute(params: dict, progress: bool = True) -> dict:
-    """The whole study; returns the artifact payload (without provenance) and figure data."""
+def compute(params: dict, progress: bool = True, device: str = "cpu") -> dict:
+    """The whole study; returns the artifact payload (without provenance) and figure data.
+    Inputs are drawn on the CPU and moved to ``device``, so every device sees the same ones."""
     dtype = getattr(torch, params.get("dtype", "float32"))
     cfg = cell_config(params.get("cell", {}))
     n_seeds, per, R, T, warmup = (int(params[k]) for k in ("n_seeds", "envs_per_seed", "R", "T", "warmup"))
@@ -182,6 +184,7 @@ def compute(params: dict, progress: bool = True) -> dict:
     wall = {"l2": 0.0, "models": 0.0}
     for op_name, op in params["ops"].items():
         base = problem(op, n_seeds, per, R, T, int(params["seed"]), dtype)
+        base = {k: v.to(device) for k, v in base.items()}
         t0 = time.perf_counter()
         desc = f"{params['level']} FD {op_name}"
         fd, l2_vals = l2_fd(base, n_seeds, T, warmup, steps, int(params["seed"]), cfg, dtype, params["level"],
@@ -321,7 +324,7 @@ def figure(detail: list[dict], path: str) -> None:
 def main(stage, params: dict, out: dict) -> None:
     """Gradients of L1D and QAD against L2-legacy finite differences with CRN."""
     torch.manual_seed(int(params["seed"]))
-    payload = compute(params)
+    payload = compute(params, device=stage.device)
     fig_name = None
     if "figure" in out:
         figure(payload["rows"], out["figure"])

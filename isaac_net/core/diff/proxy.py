@@ -91,7 +91,8 @@ def collect(level: str, num_cells: int, R: int, T: int, *, warmup: int, seed: in
     """Per-robot KPIs of ``level`` rollouts with random stationary decisions per robot.
 
     Cells are run ``batch_cells`` at a time (all at once by default), each batch one
-    engine with seed ``seed + batch index``.
+    engine with seed ``seed + batch index``. Inputs are drawn on the CPU (the same samples
+    on every device); the returned tensors are on the CPU.
 
     :output: ``x`` ``[N, len(INPUTS)]`` raw inputs, ``y`` ``[N, len(TARGETS)]`` per-robot
         KPIs (``delay`` NaN where nothing was delivered), ``cell`` ``[N]`` cell index;
@@ -107,9 +108,10 @@ def collect(level: str, num_cells: int, R: int, T: int, *, warmup: int, seed: in
         n = min(batch, num_cells - start)
         inp = sample_inputs(n, R, gen, ranges, dtype=dtype)
         u = torch.rand(T, n, R, generator=gen, dtype=dtype)
-        res = discrete_rollout(level, T, inp["p"], inp["msg_bytes"], snr_db=inp["snr_db"], warmup=warmup,
-                               u=u.to(device), cfg=cfg, dtype=dtype, device=device, seed=int(seed) + i,
-                               **engine_kwargs)
+        on_dev = {k: v.to(device) for k, v in inp.items()}
+        res = discrete_rollout(level, T, on_dev["p"], on_dev["msg_bytes"], snr_db=on_dev["snr_db"],
+                               warmup=warmup, u=u.to(device), cfg=cfg, dtype=dtype, device=device,
+                               seed=int(seed) + i, **engine_kwargs)
         xs.append(context(inp["p"], inp["msg_bytes"], inp["snr_db"]).reshape(n * R, -1))
         ys.append(torch.stack([res[k].detach().cpu() for k in TARGETS], dim=-1).reshape(n * R, -1))
     x, y = torch.cat(xs), torch.cat(ys)
