@@ -279,3 +279,46 @@ def test_config_changes_are_respected():
     cfg = dataclasses.replace(CellConfig(), timeout_steps=4)
     net = DiffFluid(1, 1, cfg=cfg)
     assert net.state.x.shape == (1, 1, 4)
+
+
+def test_l1_slot_loop_backward_equals_autograd_of_the_recursion():
+    from isaac_net.core.diff._l1_loop import L1SlotLoop
+    from isaac_net.core.diff.model import _l1_slot
+
+    g = torch.Generator().manual_seed(2)
+    E, R, A, K, tau = 3, 5, 6, 12, 0.07
+    w = torch.rand(E, R, A, generator=g, dtype=F64).requires_grad_()
+    log_cum = (torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau).requires_grad_()
+    snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
+    c0 = torch.zeros(E, R, A, dtype=F64)
+    consts = (12.0, 5.5, 90.0)
+    outs = L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts)
+    c, c_sum, served, tx = c0, torch.zeros_like(c0), torch.zeros(E, R, dtype=F64), torch.zeros(E, R, dtype=F64)
+    for _ in range(K):
+        c, c_sum, served, tx = _l1_slot(w, w.sum(-1), c, c_sum, served, tx, log_cum, snr,
+                                        torch.tensor(tau, dtype=F64), *consts)
+    for a, b in zip(outs, (served, tx, c_sum)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
+    ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs)), (w, log_cum, snr))
+    gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, (served, tx, c_sum))), (w, log_cum, snr))
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager():
+    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4)
+    s = seed_scenario("normal", E=2, R=3, T=5)
+    grads = []
+    for compiled in (False, True):
+        p = s.p.clone().requires_grad_()
+        net = DiffFluid(2, 3, mode="L1", tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
+        k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
+        (g,) = torch.autograd.grad(kpi_mix(k), p)
+        grads.append((kpi_mix(k).detach(), g))
+        net.tau = 0.02  # a new temperature is a new input value, not a new graph
+        with torch._dynamo.config.patch(error_on_recompile=compiled):
+            rollout(net, 2, p, s.B, snr_db=s.snr_db)
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)

@@ -18,6 +18,7 @@ import torch
 from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import relax
+from isaac_net.core.diff._l1_loop import L1SlotLoop
 
 MODES = ("L1", "QA")
 
@@ -57,16 +58,6 @@ def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_sub
     return c, c_sum, served, tx_frac
 
 
-_l1_slot_compiled = None
-
-
-def _compiled_l1_slot():
-    global _l1_slot_compiled
-    if _l1_slot_compiled is None:
-        _l1_slot_compiled = torch.compile(_l1_slot, dynamic=False)
-    return _l1_slot_compiled
-
-
 def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float, compiled: bool = False):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
@@ -84,13 +75,9 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float, compiled: bool = Fal
     tx_frac = torch.zeros_like(w_sum)
     if tau > 0:
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
-        tau_t = torch.tensor(tau, dtype=x.dtype, device=x.device)
         log_cum = relax._log_pos(cum) / tau
-        slot = _compiled_l1_slot() if compiled else _l1_slot
         consts = (float(cfg.num_subbands), float(cfg.se_max), bytes_per_sb_se)
-        for _ in range(K):
-            c, c_sum, served, tx_frac = slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin,
-                                             tau_t, *consts)
+        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, tau, K, *consts, compiled)
         c = relax.soft_ge(served.unsqueeze(-1), cum, tau)  # c_K again, exact at cum = 0
     else:
         for _ in range(K):
