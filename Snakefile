@@ -20,6 +20,7 @@ include: "workflow/rules/equivalence.smk"
 include: "workflow/rules/convergence.smk"
 include: "workflow/rules/gradcheck.smk"
 include: "workflow/rules/cost.smk"
+include: "workflow/rules/studies.smk"
 
 
 rule all:

@@ -26,7 +26,9 @@ import render  # noqa: E402
 
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PROFILES = {"full": "config/config.yaml", "smoke": "config/smoke.yaml", "ci": "config/ci.yaml"}
-STAGE_JOBS = {"equivalence", "convergence_table", "convergence_curves", "gradcheck", "fd_check", "cost"}
+STAGE_JOBS = {"equivalence", "convergence_table", "convergence_curves", "gradcheck", "fd_check", "cost",
+              "sensitivity", "opt_rates", "placement", "nn_proxy"}
+STUDIES = ("sensitivity", "opt_rates", "placement", "nn_proxy")
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -145,6 +147,12 @@ def fixture_artifacts() -> dict[str, dict]:
                    "provenance": _prov("sensitivity", {"seed": 7, "E": 16, "T": 60})}
     return {"equivalence": equivalence, "convergence": convergence, "convergence_curves": convergence_curves,
             "gradcheck": gradcheck, "fd_check": fd_check, "cost": cost, "sensitivity": sensitivity}
+
+
+def study_artifact(name: str) -> dict:
+    """The generic artifact of a study, with a figure."""
+    return {"summary": {"score": 5.46}, "table": [{"case": "a", "value": 15.4}], "figure": f"{name}.png",
+            "provenance": _prov(name, {"seed": 7})}
 
 
 FIGURES = ("convergence_curves.png", "fd_check.png")
@@ -291,12 +299,14 @@ def test_each_profile_is_complete_and_valid(profile):
 
 
 # ------------------------------------------------------------------------------ snakemake
-STUB = '''import json, shutil
+STUB = '''import shutil
 from pathlib import Path
 for path in snakemake.output:
-    src = Path("fixtures") / Path(path).name
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, path)
+    if path.endswith(".json"):
+        shutil.copyfile(Path("fixtures") / Path(path).name, path)
+    else:
+        Path(path).write_bytes(b"stub")
 Path(snakemake.log[0]).write_text("stub\\n")
 '''
 
@@ -317,13 +327,10 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     for f in (REPO / "benchmarks/diff").glob("*.py"):
         (dest / "benchmarks/diff" / f.name).write_text(STUB if stubs else f.read_text())
     if stubs:
-        arts = fixture_artifacts()
-        del arts["sensitivity"]
+        arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES}
         (dest / "fixtures").mkdir()
         for name, data in arts.items():
             (dest / "fixtures" / f"{name}.json").write_text(json.dumps(data))
-        for name in FIGURES:
-            (dest / "fixtures" / name).write_bytes(b"\x89PNG fixture")
     return dest
 
 

@@ -16,6 +16,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -100,7 +101,9 @@ class Stage:
         print(f"[{self.name}] profile={self.profile} threads={self.threads} device={self.device}", flush=True)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:  # into the log too, not only to snakemake's terminal
+            traceback.print_exception(exc_type, exc, tb)
         self._stack.close()
 
     def provenance(self) -> dict:
