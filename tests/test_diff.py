@@ -293,16 +293,19 @@ def test_l1_slot_loop_backward_equals_autograd_of_the_recursion():
     c0 = torch.zeros(E, R, A, dtype=F64)
     consts = (12.0, 5.5, 90.0)
     outs = L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts)
-    c, c_sum, served, tx = c0, torch.zeros_like(c0), torch.zeros(E, R, dtype=F64), torch.zeros(E, R, dtype=F64)
+    c, c_sum = c0, torch.zeros_like(c0)
+    served, tx = torch.zeros(E, R, dtype=F64), torch.zeros(E, R, dtype=F64)
     for _ in range(K):
         c, c_sum, served, tx = _l1_slot(w, w.sum(-1), c, c_sum, served, tx, log_cum, snr,
                                         torch.tensor(tau, dtype=F64), *consts)
-    for a, b in zip(outs, (served, tx, c_sum)):
+    ref = (served, tx, c_sum)
+    for a, b in zip(outs, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
-    ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs)), (w, log_cum, snr))
-    gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, (served, tx, c_sum))), (w, log_cum, snr))
-    for a, b in zip(ga, gb):
+    inputs = (w, log_cum, snr)
+    ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)), inputs)
+    gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, ref, strict=True)), inputs)
+    for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
 
 
