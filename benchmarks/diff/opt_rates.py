@@ -52,6 +52,18 @@ def env_cost(k: dict, c: dict) -> torch.Tensor:
             + w["mean_energy_j"] * k["mean_energy_j"] + float(c["penalty"]) * shortfall)
 
 
+def cost_text(params: dict) -> str:
+    """The cost of ``params`` in words (for the page)."""
+    c = params["cost"]
+    w = c["weights"]
+    text = (f"mean_delay x {w['mean_delay']:g} + mean_aoi x {w['mean_aoi']:g} + mean_energy_j x "
+            f"{w['mean_energy_j']:g} + {float(c['penalty']):g} x max({float(c['delivery_min']):g} - "
+            f"delivery_ratio, 0)")
+    if "move_weight" in params:
+        text += f" + {float(params['move_weight']):g} per m moved (smoothed, mean over robots)"
+    return text
+
+
 def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
     """Per-env KPIs ``[E]`` (on the CPU, float64) of decisions ``dec`` (``p, B, pos, tx_dbm``)
     on a discrete level with send uniforms ``u``; envs in chunks of ``chunk``."""
@@ -259,7 +271,8 @@ def compute(params: dict, decisions_cls=RateDecisions, progress=True, device: st
         return next(r for r in rows if r["_key"] == key and r["solution"] == sol)
 
     n = int(params["candidates"])
-    summary = {"level": params["level"], "mode": params["mode"], "sends": params["sends"], "E": E, "R": R,
+    summary = {"cost": cost_text(params), "level": params["level"], "mode": params["mode"],
+               "sends": params["sends"], "E": E, "R": R,
                "iters": int(params["iters"]), "candidates": n, "T": int(params["T"]),
                "T_eval": int(params["T_eval"]), "tau_start": float(params["tau_start"]),
                "tau_end": float(params["tau_end"])}

@@ -232,6 +232,8 @@ def compute(params: dict, progress: bool = True, device: str = "cpu") -> dict:
                         ref_point = (g_mean, g_std)
                 rows.append(row)
     setup = {
+        "fd_p_note": (f"binary sends u < p: the FD in p is that of a step function averaged over seeds; "
+                      f"h = {_f(float(steps['p']))} changes the sends whose uniform lies within h of p"),
         "level": params["level"],
         "n_seeds": n_seeds,
         "envs_per_seed": per,
