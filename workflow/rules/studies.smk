@@ -161,22 +161,16 @@ properties:
 )
 
 
-def _validate_studies(cfg):
-    schema = yaml.safe_load(open(workflow.source_path("../schemas/config.schema.yaml")))
-    full = {
-        "$defs": {**schema["$defs"], **_STUDIES_SCHEMA["$defs"]},
-        "type": "object",
-        "required": list(_STUDIES_SCHEMA["properties"]),
-        "properties": _STUDIES_SCHEMA["properties"],
-    }
-    try:
-        jsonschema.validate(cfg, full)
-    except jsonschema.ValidationError as e:
-        where = "/".join(str(p) for p in e.absolute_path)
-        raise ValueError(f"config: {where}: {e.message}") from None
-
-
-_validate_studies(config)
+_STUDIES_SCHEMA["$defs"] = {
+    **yaml.safe_load(open(workflow.source_path("../schemas/config.schema.yaml")))["$defs"],
+    **_STUDIES_SCHEMA["$defs"],
+}
+_STUDIES_SCHEMA.update(type="object", required=list(_STUDIES_SCHEMA["properties"]))
+try:
+    jsonschema.validate(config, _STUDIES_SCHEMA)
+except jsonschema.ValidationError as _err:
+    _where = "/".join(str(p) for p in _err.absolute_path)
+    raise ValueError(f"config: {_where}: {_err.message}") from None
 
 
 rule sensitivity:
