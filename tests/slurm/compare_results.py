@@ -7,8 +7,8 @@ What is compared (the robust comparison agreed for tests/slurm/run_local_cluster
 1. JSON artifacts. Every ``*.json`` file the runs wrote (under the two trees, outside
    ``.snakemake``/``.git``; with ``--newer-than``, only files modified after MARKER) must
    exist in both trees, have the same structure, the same strings/booleans and the same
-   numbers, except under keys that hold provenance or wall-clock measurements (see
-   ``VOLATILE_KEY``: host, git commit, versions, timestamps, wall/elapsed times, job ids…).
+   numbers, except under keys that hold provenance, wall-clock times or memory (see
+   ``volatile_key``: ``provenance``, ``*_s``, ``wall_*``, ``peak_rss_mib``…).
    Numbers are equal when ``|a-b| <= atol + rtol*|b|`` (defaults rtol=1e-9, atol=1e-12:
    same seeds on the same CPU give identical values; the tolerance only absorbs a
    different thread count's summation order). The report says how many were bit-identical.
@@ -29,16 +29,47 @@ import re
 import sys
 from pathlib import Path
 
-# keys whose values legitimately differ between two runs of the same computation
-VOLATILE_KEY = re.compile(
-    r"(?i)(provenance|host|node|git|commit|sha|version|python|torch|numpy|platform|machine|"
-    r"timestamp|date|created|generated|started|finished|wall|elapsed|duration|runtime|"
-    r"seconds|_s$|^t_|_ms$|per_s|throughput|speed|rss|mib|peak|mem|load|"
-    r"job_?id|pid|user|cwd|path|dir|threads|cpu_count|device_name|snakemake)"
-)
+# Keys whose values legitimately differ between two runs of the same computation: the
+# provenance block, wall-clock times (the project's unit suffix _s, or _ms) and memory.
+# Matched on whole words of the key (split at _ - and spaces), so that e.g. "load",
+# "candidates" or "envs_per_seed" stay compared.
+VOLATILE_WORDS = {
+    "provenance",
+    "wall",
+    "elapsed",
+    "duration",
+    "runtime",
+    "seconds",
+    "time",
+    "timestamp",
+    "date",
+    "started",
+    "finished",
+    "host",
+    "hostname",
+    "git",
+    "commit",
+    "version",
+    "python",
+    "torch",
+    "platform",
+    "pid",
+    "jobid",
+    "rss",
+    "mib",
+    "throughput",
+    "speedup",
+}
+
+
+def volatile_key(key: str) -> bool:
+    words = re.split(r"[_\-\s]+", str(key).lower())
+    return bool(VOLATILE_WORDS.intersection(words)) or words[-1] in ("s", "ms")
+
+
 # lines of a rendered page that carry provenance or timing
 VOLATILE_LINE = re.compile(
-    r"(?i)(^_?provenance|generated|commit|\bgit\b|version|python `|torch `|platform|hostname|"
+    r"(?i)(^_?provenance|generated|commit|\bgit\b|\bversions?\b|python `|torch `|platform|hostname|"
     r"timestamp|\d{4}-\d{2}-\d{2}|wall|elapsed|duration|runtime|\btook\b|\bseconds?\b|"
     r"\d\s*s\b|, s\b|\bms\b|\btimes?\b|load average|\brss\b|mib|job ?id|slurm|/tmp/)"
 )
@@ -72,7 +103,7 @@ class Diff:
     def walk(self, a, b, where: str):
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
-                if VOLATILE_KEY.search(str(k)):
+                if volatile_key(k):
                     self.n_skipped += 1
                     continue
                 if k not in a or k not in b:
