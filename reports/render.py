@@ -135,9 +135,9 @@ def load_artifact(name: str, path: str | Path, schema: dict | None = None) -> di
     return data
 
 
-def environment() -> jinja2.Environment:
+def environment(folder: Path = TEMPLATE.parent) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
+        loader=jinja2.FileSystemLoader(str(folder)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -160,8 +160,8 @@ def render(artifacts: dict[str, dict], paths: dict[str, str], pending: dict[str,
     unknown = sorted(set(artifacts) - set(STAGES))
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; expected some of: {', '.join(STAGES)}")
-    tpl = environment().get_template(Path(template).name) if Path(template) == TEMPLATE else \
-        environment().from_string(Path(template).read_text())
+    template = Path(template)
+    tpl = environment(template.parent).get_template(template.name)
     return tpl.render(a=artifacts, paths=paths, pending=pending, profile=profile,
                       figures=figure_links or {}, stages=STAGES)
 

@@ -18,7 +18,7 @@ import sys
 import time
 
 import torch
-from _common import REPO, draw_inputs, run
+from _common import REPO, generator, run
 from tqdm import tqdm
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -31,12 +31,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def inputs(E, R, T, p, seed, dtype, device) -> dict:
-    x = draw_inputs(E, R, T, [4000, 30000], [10.0, 30.0], seed, dtype=dtype, device=device)
-    g = torch.Generator().manual_seed(seed + 1)
-    pos = 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=dtype)
-    return {"p": torch.full((E, R), p, dtype=dtype, device=device), "B": x["B"], "u": x["u"],
-            "pos": pos.to(device), "tx": torch.full((E, R), 23.0, dtype=dtype, device=device)}
+def inputs(E, R, T, p, sizes_bytes, seed, dtype, device) -> dict:
+    """``p, B, tx [E, R]``, ``pos [E, R, 2]`` uniform in [40, 140]^2 m, send uniforms ``u [T, E, R]``."""
+    g = generator(seed)
+    sizes = torch.tensor([float(s) for s in sizes_bytes], dtype=dtype)
+    x = {"p": torch.full((E, R), float(p), dtype=dtype),
+         "B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
+         "tx": torch.full((E, R), 23.0, dtype=dtype),
+         "pos": 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=dtype),
+         "u": torch.rand(T, E, R, generator=g, dtype=dtype)}
+    return {k: v.to(device) for k, v in x.items()}
 
 
 def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
@@ -65,9 +69,8 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
 
 
 def discrete(level, E, R, T, dtype, device, x, repeats, seed) -> dict:
-    from isaac_net.core import CellConfig, make_engine, radio
+    from isaac_net.core import make_engine
 
-    snr = radio.snr_db(x["pos"], x["tx"], CellConfig())
     times = []
     for _ in range(repeats):
         eng = make_engine(level, E, R, device, dtype=dtype, seed=seed)
@@ -75,7 +78,7 @@ def discrete(level, E, R, T, dtype, device, x, repeats, seed) -> dict:
         t0 = time.perf_counter()
         with torch.no_grad():
             for t in range(T):
-                eng.step((x["u"][t] < x["p"]).to(dtype), x["B"], snr_db=snr, tx_dbm=x["tx"])
+                eng.step((x["u"][t] < x["p"]).to(dtype), x["B"], pos=x["pos"], tx_dbm=x["tx"])
         _sync(device)
         times.append(time.perf_counter() - t0)
     return {"forward_s": min(times), "backward_s": None}
@@ -89,7 +92,7 @@ def measure(spec: dict) -> dict:
     if torch.device(dev).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     E, R, T = spec["E"], spec["R"], spec["T"]
-    x = inputs(E, R, T, 0.4, spec["seed"], dtype, dev)
+    x = inputs(E, R, T, spec["p"], spec["sizes_bytes"], spec["seed"], dtype, dev)
     if spec["kind"] == "relaxed":
         r = relaxed(spec["name"], E, R, T, spec["tau"], spec["compile"], dtype, dev, x, spec["repeats"])
     else:
@@ -124,7 +127,8 @@ def main(stage, params: dict, out: dict) -> None:
     from isaac_net.core import CellConfig
 
     common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
-              "device": stage.device, "repeats": params["repeats"], "seed": params["seed"]}
+              "p": params["p"], "sizes_bytes": params["sizes_bytes"], "device": stage.device,
+              "repeats": params["repeats"], "seed": params["seed"]}
     jobs = [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
             for E in params["E"] for m in params["modes"] for c in params["compile"]
             for th in params["threads"]]
