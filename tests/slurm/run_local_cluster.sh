@@ -82,12 +82,16 @@ step_install() {
 # --------------------------------------------------------------------------- 2. cluster
 STATE=""
 LOCAL_PID=""
+SLURM_PID=""
 cleanup() {
     local rc=$?
     set +e
-    if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
-        kill -- "-$LOCAL_PID" 2>/dev/null || kill "$LOCAL_PID" 2>/dev/null
-    fi
+    # a run's `timeout` passes the signal on to its snakemake, which cancels its jobs
+    local p
+    for p in $SLURM_PID $LOCAL_PID; do kill "$p" 2>/dev/null; done
+    for p in $SLURM_PID $LOCAL_PID; do
+        for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    done
     if [ -n "$STATE" ] && [ -f "$STATE/slurm.conf" ]; then
         if [ -f "$STATE/slurmctld.pid" ]; then
             SLURM_CONF="$STATE/slurm.conf" timeout 10 scancel --full --quiet --partition="$PARTITION" 2>/dev/null
@@ -285,12 +289,16 @@ step_runs() {
     log "SLURM run: snakemake --workflow-profile workflow/profiles/slurm ${SNAKEMAKE_COMMON[*]} $TARGET"
     local t1 rc=0
     t1=$(date +%s)
+    # in the background and waited for, so that a signal reaches the trap at once
     ( cd "$slurm_dir" && export PYTHONPATH="$slurm_dir${PYTHONPATH:+:$PYTHONPATH}" \
         && exec timeout "$TIMEOUT" snakemake --workflow-profile workflow/profiles/slurm \
             "${SNAKEMAKE_COMMON[@]}" \
             --slurm-init-seconds-before-status-checks 3 \
-            --slurm-status-command squeue --slurm-keep-successful-logs --slurm-no-account \
-            "$TARGET" ) >"$STATE/log/slurm-run.log" 2>&1 || rc=$?
+            --slurm-status-command squeue --slurm-keep-successful-logs \
+            "$TARGET" ) >"$STATE/log/slurm-run.log" 2>&1 &
+    SLURM_PID=$!
+    wait "$SLURM_PID" || rc=$?
+    SLURM_PID=""
     SLURM_RUN_S=$(( $(date +%s) - t1 ))
     if [ "$rc" != 0 ]; then
         tail -n 40 "$STATE/log/slurm-run.log"
