@@ -30,7 +30,7 @@ rule all:
 
 rule report:
     input:
-        unpack(report_inputs),
+        **ALL_ARTIFACTS,
         template="reports/checks_and_measurements.md.j2",
         renderer="reports/render.py",
         checker="reports/check_numbers.py",

@@ -155,7 +155,7 @@ def run(main, smk=None) -> None:
         params = dict(smk.params.stage)
         part = getattr(smk.params, "part", None)
         outputs = {k: v for k, v in smk.output.items()}
-        stage = Stage(f"{smk.rule}", params, smk.params.profile, smk.threads, smk.params.device,
+        stage = Stage(smk.rule, params, smk.params.profile, smk.threads, smk.params.device,
                       smk.log[0] if smk.log else None)
     else:
         ap = argparse.ArgumentParser(description=main.__doc__)
@@ -185,21 +185,29 @@ def generator(seed: int, device: str = "cpu") -> torch.Generator:
     return g
 
 
-def draw_inputs(E: int, R: int, T: int, sizes_bytes, snr_db, seed: int, *, dtype=torch.float64,
-                device: str = "cpu") -> dict:
-    """Per-robot inputs of a scenario, all from one seeded generator.
+def draw_inputs(E: int, R: int, T: int, sizes_bytes, seed: int, *, p: float | None = None,
+                tx_dbm: float | None = None, snr_db=None, dtype=torch.float64, device: str = "cpu") -> dict:
+    """The inputs of a scenario, all from one seeded generator.
 
     :output B: ``[E, R]`` message sizes, bytes, each robot one of ``sizes_bytes``.
-    :output snr_db: ``[E, R]`` dB, uniform in ``snr_db = [low, high]``.
     :output u: ``[T, E, R]`` fixed uniforms of the binary sends (send = u < p).
+    :output pos: ``[E, R, 2]`` positions, m, uniform in [40, 140]^2 (gNB at the origin).
+    :output snr_db: ``[E, R]`` dB, uniform in ``snr_db = [low, high]`` (when a range is given).
+    :output p, tx: ``[E, R]`` constant send probability and transmit power, dBm (when given).
     """
     g = generator(seed)
     sizes = torch.tensor([float(s) for s in sizes_bytes], dtype=dtype)
-    B = sizes[torch.randint(len(sizes), (E, R), generator=g)]
-    lo, hi = float(snr_db[0]), float(snr_db[1])
-    snr = lo + (hi - lo) * torch.rand(E, R, generator=g, dtype=dtype)
-    u = torch.rand(T, E, R, generator=g, dtype=dtype)
-    return {"B": B.to(device), "snr_db": snr.to(device), "u": u.to(device)}
+    x = {"B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
+         "u": torch.rand(T, E, R, generator=g, dtype=dtype),
+         "pos": 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=dtype)}
+    if snr_db is not None:
+        lo, hi = float(snr_db[0]), float(snr_db[1])
+        x["snr_db"] = lo + (hi - lo) * torch.rand(E, R, generator=g, dtype=dtype)
+    if p is not None:
+        x["p"] = torch.full((E, R), float(p), dtype=dtype)
+    if tx_dbm is not None:
+        x["tx"] = torch.full((E, R), float(tx_dbm), dtype=dtype)
+    return {k: v.to(device) for k, v in x.items()}
 
 
 def cell_config(overrides: dict):

@@ -32,7 +32,7 @@ class Scenario:
 
     def __init__(self, E, R, T, p, sizes_bytes, snr_db, seed, device):
         self.T, self.device = T, device
-        x = draw_inputs(E, R, T, sizes_bytes, snr_db, seed, device=device)
+        x = draw_inputs(E, R, T, sizes_bytes, seed, snr_db=snr_db, device=device)
         self.p = torch.full((E, R), float(p), dtype=torch.float64, device=device)
         self.B, self.snr_db, self.u = x["B"], x["snr_db"], x["u"]
 

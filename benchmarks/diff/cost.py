@@ -18,7 +18,7 @@ import sys
 import time
 
 import torch
-from _common import REPO, generator, run
+from _common import REPO, draw_inputs, run
 from tqdm import tqdm
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -29,18 +29,6 @@ SCRIPT = REPO / "benchmarks" / "diff" / "cost.py"
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
-
-
-def inputs(E, R, T, p, sizes_bytes, seed, dtype, device) -> dict:
-    """``p, B, tx [E, R]``, ``pos [E, R, 2]`` uniform in [40, 140]^2 m, send uniforms ``u [T, E, R]``."""
-    g = generator(seed)
-    sizes = torch.tensor([float(s) for s in sizes_bytes], dtype=dtype)
-    x = {"p": torch.full((E, R), float(p), dtype=dtype),
-         "B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
-         "tx": torch.full((E, R), 23.0, dtype=dtype),
-         "pos": 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=dtype),
-         "u": torch.rand(T, E, R, generator=g, dtype=dtype)}
-    return {k: v.to(device) for k, v in x.items()}
 
 
 def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
@@ -92,7 +80,8 @@ def measure(spec: dict) -> dict:
     if torch.device(dev).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     E, R, T = spec["E"], spec["R"], spec["T"]
-    x = inputs(E, R, T, spec["p"], spec["sizes_bytes"], spec["seed"], dtype, dev)
+    x = draw_inputs(E, R, T, spec["sizes_bytes"], spec["seed"], p=spec["p"], tx_dbm=23.0, dtype=dtype,
+                    device=dev)
     if spec["kind"] == "relaxed":
         r = relaxed(spec["name"], E, R, T, spec["tau"], spec["compile"], dtype, dev, x, spec["repeats"])
     else:

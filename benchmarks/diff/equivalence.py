@@ -20,7 +20,7 @@ def compare(mode: str, case: dict, E: int, R: int, T: int, seed: int, device: st
     from isaac_net.core.diff import DiffFluid
 
     cfg = cell_config(case["cell"])
-    x = draw_inputs(E, R, T, case["sizes_bytes"], case["snr_db"], seed, device=device)
+    x = draw_inputs(E, R, T, case["sizes_bytes"], seed, snr_db=case["snr_db"], device=device)
     net = DiffFluid(E, R, device, mode=mode, tau=0.0, cfg=cfg, dtype=torch.float64)
     eng = make_engine(mode, E, R, device, cfg=cfg, dtype=torch.float64)
     worst = dict.fromkeys(COUNT_KEYS, 0.0)

@@ -14,7 +14,7 @@ Inputs are in natural units: p, message size in kB, tx in dBm, positions in m.
 """
 
 import torch
-from _common import cell_config, generator, loglog_slope, run
+from _common import cell_config, draw_inputs, generator, loglog_slope, run
 from tqdm import tqdm
 
 KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
@@ -41,15 +41,9 @@ def trend(slopes: list[float]) -> str:
 
 
 def base_inputs(E: int, R: int, p: float, sizes_bytes, tx_dbm: float, seed: int) -> dict:
-    """``p [E,R]``, ``B [E,R]`` kB, ``tx [E,R]`` dBm, ``pos [E,R,2]`` m uniform in [40, 140]^2."""
-    g = generator(seed)
-    sizes = torch.tensor([s / 1000.0 for s in sizes_bytes], dtype=torch.float64)
-    return {
-        "p": torch.full((E, R), float(p), dtype=torch.float64),
-        "B": sizes[torch.randint(len(sizes), (E, R), generator=g)],
-        "tx": torch.full((E, R), float(tx_dbm), dtype=torch.float64),
-        "pos": 40.0 + 100.0 * torch.rand(E, R, 2, generator=g, dtype=torch.float64),
-    }
+    """``p [E,R]``, ``B [E,R]`` kB, ``tx [E,R]`` dBm, ``pos [E,R,2]`` m."""
+    x = draw_inputs(E, R, 1, sizes_bytes, seed, p=p, tx_dbm=tx_dbm)
+    return {"p": x["p"], "B": x["B"] / 1000.0, "tx": x["tx"], "pos": x["pos"]}
 
 
 def kpis(mode: str, tau: float, cfg, T: int, x: dict, deadline=None) -> dict:

@@ -1,6 +1,5 @@
 # Shared definitions of the pipeline: paths, inputs every stage has, the report's inputs.
 import glob
-import os
 
 PROFILE = config["profile"]
 RESULTS = f"benchmarks/diff/results/{PROFILE}"
@@ -14,7 +13,7 @@ PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.y
 LIBRARY = sorted(glob.glob("isaac_net/**/*.py", recursive=True))
 HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
 
-# Artifacts the report renders, by name: produced by the rules of this workflow.
+# Artifacts the report renders, by name.
 ARTIFACTS = {
     "equivalence": f"{RESULTS}/equivalence.json",
     "convergence": f"{RESULTS}/convergence.json",
@@ -23,8 +22,8 @@ ARTIFACTS = {
     "fd_check": f"{RESULTS}/fd_check.json",
     "cost": f"{RESULTS}/cost.json",
 }
-# Artifacts of stages written elsewhere (generic structure: provenance, summary, table,
-# optional figure). The page renders them when present and "pending" otherwise.
+# The studies' artifacts (workflow/rules/studies.smk): the generic structure (provenance,
+# summary, table, optional figure) that the page renders without knowing the study.
 OPTIONAL_ARTIFACTS = {
     name: f"{RESULTS}/{name}.json" for name in ("sensitivity", "opt_rates", "placement", "nn_proxy")
 }
@@ -48,12 +47,3 @@ def log_path(rule_name):
 def bench_path(rule_name):
     return f"{RESULTS}/bench/{rule_name}.tsv"
 
-
-def report_inputs(wildcards):
-    """The stage artifacts; an optional one once it exists or a rule of that name makes it."""
-    inputs = dict(ARTIFACTS)
-    rule_names = {r.name for r in workflow.rules}
-    for name, path in OPTIONAL_ARTIFACTS.items():
-        if os.path.exists(path) or name in rule_names:
-            inputs[name] = path
-    return inputs
