@@ -20,6 +20,8 @@ def trend(slope: float | None) -> str:
     """Words for a fitted log-log slope of error against tau."""
     if slope is None:
         return "shows no trend that a slope can be fitted to"
+    if slope < 0.3:
+        return "does not fall steadily as tau shrinks"
     if 0.7 <= slope <= 1.3:
         return "falls roughly linearly in tau"
     if slope > 1.3:
