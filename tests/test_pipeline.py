@@ -81,7 +81,7 @@ def fixture_artifacts() -> dict[str, dict]:
                              f"{m}_delay_err_pct_at_max": 30.0, f"{m}_aoi_err_pct_at_default": 3.0,
                              f"{m}_delay_err_slope": 1.0,
                              f"{m}_delay_err_trend": "falls roughly linearly in tau",
-                             f"{m}_delay_biased_up": True})
+                             f"{m}_delay_biased_up": True, f"{m}_delay_bias_direction": "upward"})
     conv_cfg = {"seed": 7, "default_tau": 0.05, "table": {"E": 16, "R": 8, "T": 60, "p": 0.4,
                 "sizes_bytes": [4000, 30000], "snr_db": [10.0, 30.0], "taus": taus}}
     convergence = {"summary": conv_summary, "table": conv_rows, "provenance": _prov("convergence", conv_cfg)}
@@ -123,6 +123,7 @@ def fixture_artifacts() -> dict[str, dict]:
         "steps": steps, "tol": 1e-4, "weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}}}
     fd_check = {"summary": {"tau": 0.05, "tol": 1e-4, "max_best_rel_err": 1.7e-6, "all_match": True,
                             "min_slope": 1.9, "max_slope": 1.9,
+                            "min_slope_large": 2.0, "max_slope_large": 2.0,
                             "trend": "shrinks roughly quadratically with the step",
                             "step_max": 1e-2, "step_min": 1e-5, "max_err_at_step_max": 0.017,
                             "max_err_at_step_min": 3.9e-6, "signs_pass": True, "num_slots": 40},
@@ -201,7 +202,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "| 0.05 | 0.411 | 2.576 | 7.5 % | 0.686 | 2.807 | 7.5 % |" in conv
     assert "falls roughly linearly in tau for L1D (fitted log-log slope 1)" in conv
     assert "at most 7.5 % at tau = 0.05 and at most 0.3 % at tau = 0.002" in conv
-    assert "biases delay upward" in conv
+    assert "biases the mean delay upward in L1D and upward in QAD at every tau of the table." in conv
 
     curves = section(page, "### Convergence curves")
     assert "E = 64, R = 8, T = 200 and loads p = 0.2, 0.4 and 0.6:" in curves

@@ -29,6 +29,15 @@ def trend(slope: float | None) -> str:
     return "falls slower than linearly in tau"
 
 
+def direction(biases) -> str:
+    """Words for the sign of the relaxed-minus-discrete values."""
+    if all(b > 0 for b in biases):
+        return "upward"
+    if all(b < 0 for b in biases):
+        return "downward"
+    return "in both directions"
+
+
 class Scenario:
     """One set of inputs, scored on the discrete level and on the relaxed model."""
 
@@ -99,6 +108,7 @@ def table(stage, params: dict, out: dict) -> None:
             f"{m}_delay_err_slope": slope,
             f"{m}_delay_err_trend": trend(slope),
             f"{m}_delay_biased_up": all(r[f"{m}_delay_bias"] > 0 for r in relaxed_rows),
+            f"{m}_delay_bias_direction": direction([r[f"{m}_delay_bias"] for r in relaxed_rows]),
         })
     summary["max_delivery_err_pct"] = max(r[f"{m}_delivery_ratio_err_pct"] for r in rows for m in MODES)
     summary["delay_biased_up"] = all(summary[f"{m}_delay_biased_up"] for m in MODES)

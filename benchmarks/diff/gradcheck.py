@@ -113,6 +113,7 @@ def fd(stage, params: dict, out: dict) -> None:
     def mix(k: dict):
         return sum(w * k[name] for name, w in weights.items())
 
+    largest = sorted(range(len(steps)), key=lambda j: -steps[j])[:2]  # indices of the two largest steps
     rows, signs = [], []
     bar = tqdm(total=len(params["modes"]) * (1 + len(INPUTS) * len(steps)), desc="finite differences",
                mininterval=2.0)
@@ -145,11 +146,15 @@ def fd(stage, params: dict, out: dict) -> None:
             finite = [e for e in errs if e is not None]
             rows.append({"mode": mode, "input": name, "autograd": ad, "fd": fds, "rel_err": errs,
                          "best_rel_err": min(finite) if finite else None,
-                         "slope": loglog_slope(steps, [e or 0.0 for e in errs])})
+                         "slope": loglog_slope(steps, [e or 0.0 for e in errs]),
+                         "slope_large": loglog_slope([steps[j] for j in largest],
+                                                     [errs[j] or 0.0 for j in largest])})
     bar.close()
     fd_error(rows, steps, out["figure"])
     best = [r["best_rel_err"] for r in rows]
     slopes = [r["slope"] for r in rows if r["slope"] is not None]
+    # Truncation error dominates at the large steps, rounding error at the small ones.
+    slopes_large = [r["slope_large"] for r in rows if r["slope_large"] is not None]
     summary = {
         "tau": tau,
         "tol": c["tol"],
@@ -157,7 +162,9 @@ def fd(stage, params: dict, out: dict) -> None:
         "all_match": None not in best and max(best) <= c["tol"],
         "min_slope": min(slopes) if slopes else None,
         "max_slope": max(slopes) if slopes else None,
-        "trend": trend(slopes),
+        "min_slope_large": min(slopes_large) if slopes_large else None,
+        "max_slope_large": max(slopes_large) if slopes_large else None,
+        "trend": trend(slopes_large),
         "step_max": max(steps),
         "step_min": min(steps),
         "max_err_at_step_max": max((r["rel_err"][steps.index(max(steps))] or 0.0) for r in rows),
