@@ -26,7 +26,7 @@ report pipeline: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) report
 
 smoke: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml report
+	$(BIN)/snakemake --cores $(CORES) report --configfile config/smoke.yaml
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks/perf --benchmark-only --benchmark-json=benchmarks/perf/results/latest.json -q

@@ -23,6 +23,12 @@ include: "workflow/rules/cost.smk"
 include: "workflow/rules/studies.smk"
 
 
+# Rendering runs where Snakemake runs, also under an executor (SLURM).
+localrules:
+    all,
+    report,
+
+
 rule all:
     input:
         page=PAGE,

@@ -25,18 +25,7 @@ from _common import Stage  # noqa: E402
 STUDIES = ("sensitivity", "opt_rates", "placement", "nn_proxy")
 
 
-def _ci_config() -> dict:
-    """The studies' ci settings: from config/ci.yaml once merged there, else the fragment."""
-    for name in ("ci.yaml", "studies_ci.yaml"):
-        path = REPO / "config" / name
-        if path.exists():
-            config = yaml.safe_load(path.read_text())
-            if all(k in config for k in STUDIES):
-                return config
-    raise FileNotFoundError("no ci profile with the studies' settings under config/")
-
-
-CI = _ci_config()
+CI = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
 ARTIFACT_KEYS = {"provenance", "config", "summary", "table", "figure"}
 
 

@@ -233,18 +233,19 @@ class DiffFluid:
         self._tau_n = value
 
     def reset(self, env_ids=None) -> None:
-        """Re-initialise the envs ``env_ids`` (all when None).
+        """Re-initialise the envs ``env_ids`` (all when None: a fresh state with no history).
 
         Out of place: the other envs keep their values and their gradient history.
         """
+        if env_ids is None:  # a fresh state: no link to the previous graph
+            z = torch.zeros_like(self.state.x, requires_grad=False)
+            self.state = FluidState(z, z.clone(), torch.zeros_like(self.state.aoi, requires_grad=False))
+            return
         mask = torch.zeros(self.E, dtype=torch.bool, device=self.device)
-        if env_ids is None:
-            mask[:] = True
-        else:
-            ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
-                raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
-            mask[ids.long()] = True
+        ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
+            raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
+        mask[ids.long()] = True
         s = self.state
         m3 = mask[:, None, None]
         self.state = FluidState(
