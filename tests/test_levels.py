@@ -231,6 +231,9 @@ def test_bad_config_and_dims():
         CellConfig(num_slots=0)
     with pytest.raises(ValueError, match="buffer_msgs"):
         CellConfig(buffer_msgs=0)
+    assert CellConfig(num_slots=4).qa_sr_slots == 4  # the whole step: an empty robot waits it out
+    with pytest.raises(ValueError, match=r"qa_sr_slots must be an integer in \[0, num_slots\]"):
+        CellConfig(num_slots=4, qa_sr_slots=5)
     with pytest.raises(ValueError, match="E: expected an integer >= 1"):
         make_engine("L1", 0, 2)
     with pytest.raises(TypeError, match="dtype"):

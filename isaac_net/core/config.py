@@ -38,9 +38,10 @@ class CellConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"CellConfig.{name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.qa_sr_slots, int) and 0 <= self.qa_sr_slots < self.num_slots):
+        # qa_sr_slots = num_slots is allowed: a robot that was empty is then not served that step.
+        if not (isinstance(self.qa_sr_slots, int) and 0 <= self.qa_sr_slots <= self.num_slots):
             raise ValueError(
-                f"CellConfig.qa_sr_slots must be an integer in [0, num_slots), got {self.qa_sr_slots!r}"
+                f"CellConfig.qa_sr_slots must be an integer in [0, num_slots], got {self.qa_sr_slots!r}"
             )
         for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db"):
             value = getattr(self, name)
