@@ -233,7 +233,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     guide = section(page, "## Temperature guidance")
     assert "tau = 0.05 is a reasonable default" in guide and "7.5 % (L1D)" in guide
     assert "the gradcheck stage uses 1e-6 in float64" in guide
-    assert "K = 40 small kernels" in section(page, "## Limits")
+    assert "the K = 40 UL slots" in section(page, "## Limits")
     assert check_numbers.check_page(page) == []
 
 
@@ -247,7 +247,7 @@ def test_absent_artifacts_render_as_pending_with_their_command(tmp_path):
         text = section(page, heading)
         assert "Pending: no artifact" in text
         assert f"`snakemake --cores 32 {tmp_path / 'results' / name}.json`" in text
-    assert "roughly K small kernels" in section(page, "## Limits")
+    assert "the K UL slots" in section(page, "## Limits")
 
 
 def test_missing_value_fails_the_render():
