@@ -108,7 +108,11 @@ class Stage:
 
     def provenance(self) -> dict:
         commit = _git("rev-parse", "HEAD")
-        status = _git("status", "--porcelain", "--untracked-files=no")
+        # Dirty = the sources differ from the commit. The committed artifacts and page are
+        # rewritten by the run itself, so they do not count.
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/diff/results", ":(exclude)reports/checks_and_measurements.md",
+                      ":(exclude)reports/figures")
         seeds = {k: v for k, v in self.params.items() if k == "seed" or k.endswith("_seed")}
         return {
             "stage": self.name,
