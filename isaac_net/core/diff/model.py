@@ -42,7 +42,10 @@ def _fifo_cum(x: torch.Tensor) -> torch.Tensor:
 
 def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_subbands: float,
              se_max: float, bytes_per_sb_se: float):
-    """One UL slot of L1D for ``tau > 0`` (``tau`` a 0-dim tensor, so changing it never recompiles).
+    """One UL slot of L1D for ``tau > 0``, differentiated by autograd: the plain per-slot design.
+
+    ``DiffFluid`` runs the K slots through ``_l1_loop.L1SlotLoop`` (one node with a
+    hand-written backward); the tests check that node against this recursion.
 
     :input c: ``[E, R, A]`` completion before the slot; :input log_cum: ``log(cum) / tau``.
     :output: ``(c, c_sum, served, tx_frac)`` after the slot.
