@@ -25,19 +25,19 @@ class NetFluid(DiscreteLevel):
         bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
         served = torch.zeros_like(total)  # bytes offered since the step began
         tx_time = torch.zeros_like(total)
-        finish_slot = torch.full(q.bytes.shape, -1, dtype=torch.long, device=self.device)
-        for k in range(cfg.num_slots):
-            is_backlogged = served < total
-            n = is_backlogged.sum(-1, keepdim=True).to(self.dtype)  # [E, 1]
+        served_by_slot = []
+        for _ in range(cfg.num_slots):
+            is_backlogged = (served < total).to(self.dtype)
+            n = is_backlogged.sum(-1, keepdim=True)  # [E, 1]
             share = cfg.num_subbands / torch.clamp(n, min=1.0)
             se = torch.clamp(torch.log2(1.0 + snr_lin / torch.clamp(share, min=1.0)), max=cfg.se_max)
-            cap = share * se * bytes_per_sb_se
-            served = served + torch.where(is_backlogged, cap, torch.zeros_like(cap))
-            tx_time = tx_time + torch.where(is_backlogged, torch.clamp(share, max=1.0) * cfg.slot_s,
-                                            torch.zeros_like(tx_time))
-            is_new = valid & (finish_slot < 0) & (served.unsqueeze(-1) >= cum)
-            finish_slot = torch.where(is_new, torch.full_like(finish_slot, k), finish_slot)
-        done = finish_slot >= 0
+            served = served + is_backlogged * (share * se * bytes_per_sb_se)
+            tx_time = tx_time + is_backlogged * (torch.clamp(share, max=1.0) * cfg.slot_s)
+            served_by_slot.append(served)
+        # A message finishes in the first slot whose cumulative service reaches its FIFO prefix.
+        reached = torch.stack(served_by_slot).unsqueeze(-1) >= cum  # [K, E, R, F]
+        done = valid & reached[-1]
+        finish_slot = reached.to(torch.int8).argmax(0)  # first True (served never decreases)
         return Service(
             done=done,
             finish_s=(finish_slot + 1).to(self.dtype) * cfg.slot_s,
