@@ -101,6 +101,23 @@ def deadline_steps(deadline, cfg: CellConfig, E: int, R: int, dtype, device, *, 
     return d
 
 
+def env_mask(env_ids, E: int, device) -> torch.Tensor:
+    """``[E]`` bool mask of the envs to reset: all when None, else indices or a bool mask."""
+    mask = torch.zeros(E, dtype=torch.bool, device=device)
+    if env_ids is None:
+        mask[:] = True
+        return mask
+    ids = torch.as_tensor(env_ids, device=device).reshape(-1)
+    if ids.dtype == torch.bool:
+        if ids.numel() != E:
+            raise ValueError(f"env_ids: expected a bool mask of {E} envs, got {ids.numel()}")
+        return ids
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= E):
+        raise ValueError(f"env_ids: expected indices in [0, {E}), got {ids.tolist()}")
+    mask[ids.long()] = True
+    return mask
+
+
 def check_dims(E, R) -> None:
     for name, v in (("E", E), ("R", R)):
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):

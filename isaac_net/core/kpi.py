@@ -61,12 +61,17 @@ class KpiAccumulator:
         return out
 
 
-def rollout_dims(T, warmup, *tensors) -> tuple[int, int]:
-    """``(E, R)`` from the broadcast of the ``[E, R]`` inputs of a rollout (None skipped)."""
+def check_horizon(T, warmup) -> None:
+    """A rollout of ``T >= 1`` control steps counts KPIs from step ``warmup`` in ``[0, T)``."""
     if not (isinstance(T, int) and not isinstance(T, bool) and T >= 1):
         raise ValueError(f"T: expected an integer >= 1 control steps, got {T!r}")
     if not (isinstance(warmup, int) and 0 <= warmup < T):
         raise ValueError(f"warmup: expected an integer in [0, T={T}), got {warmup!r}")
+
+
+def rollout_dims(T, warmup, *tensors) -> tuple[int, int]:
+    """``(E, R)`` from the broadcast of the ``[E, R]`` inputs of a rollout (None skipped)."""
+    check_horizon(T, warmup)
     shapes = [tuple(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
     if not shapes:
         raise ValueError("p: expected an [E, R] tensor (E envs, R robots) to size the rollout")

@@ -22,11 +22,9 @@ import math
 
 import torch
 
+from isaac_net.core.diff.relax import _log_pos, _tiny
+
 LN2 = math.log(2.0)
-
-
-def _tiny(x):
-    return 1e-300 if x.dtype == torch.float64 else 1e-30
 
 
 def _smin1(x, tau):
@@ -64,7 +62,7 @@ def _forward(w, log_cum, snr_lin, c, tau, K, num_subbands, se_max, kappa, record
         tx = tx + b * s1
         csum = csum + c
         c_prev = c
-        c = torch.sigmoid(torch.log(torch.clamp(served, min=_tiny(served))).unsqueeze(-1) / tau - log_cum)
+        c = torch.sigmoid(_log_pos(served).unsqueeze(-1) / tau - log_cum)
         if record:
             tape.append((c_prev, b, db, N, dN, sh, H, dH, dsv, se, s1, ds1, served, c))
     return served, tx, csum, tape

@@ -244,11 +244,7 @@ class DiffFluid:
             z = torch.zeros_like(self.state.x, requires_grad=False)
             self.state = FluidState(z, z.clone(), torch.zeros_like(self.state.aoi, requires_grad=False))
             return
-        mask = torch.zeros(self.E, dtype=torch.bool, device=self.device)
-        ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
-            raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
-        mask[ids.long()] = True
+        mask = _validate.env_mask(env_ids, self.E, self.device)
         s = self.state
         m3 = mask[:, None, None]
         self.state = FluidState(

@@ -7,7 +7,7 @@ import torch
 from isaac_net.core import _validate
 from isaac_net.core.diff import relax
 from isaac_net.core.diff.model import DiffFluid
-from isaac_net.core.kpi import KpiAccumulator, send_uniforms
+from isaac_net.core.kpi import KpiAccumulator, check_horizon, send_uniforms
 
 SENDS = ("mean_field", "relaxed", "binary")
 
@@ -35,8 +35,7 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     if sends not in SENDS:
         raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SENDS)}")
     E, R, dt, dev = net.E, net.R, net.dtype, net.device
-    if not (isinstance(warmup, int) and isinstance(T, int) and T >= 1 and 0 <= warmup < T):
-        raise ValueError(f"T, warmup: expected integers with 0 <= warmup < T, got T={T!r}, warmup={warmup!r}")
+    check_horizon(T, warmup)
     p = _validate.per_robot(p, "p", E, R, dt, dev)
     _validate.check_range(p, "p", 0.0, 1.0, "probabilities in [0, 1]")
     lam = 0.1 if lam is None else float(lam)

@@ -106,19 +106,7 @@ class DiscreteLevel:
     # ------------------------------------------------------------------ api
     def reset(self, env_ids=None) -> None:
         """Restart the envs ``env_ids`` (all when None); the others are left untouched."""
-        mask = torch.zeros(self.E, dtype=torch.bool, device=self.device)
-        if env_ids is None:
-            mask[:] = True
-        else:
-            ids = torch.as_tensor(env_ids, device=self.device).reshape(-1)
-            if ids.dtype == torch.bool:
-                if ids.numel() != self.E:
-                    raise ValueError(f"env_ids: expected a bool mask of {self.E} envs, got {ids.numel()}")
-                mask = ids
-            else:
-                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
-                    raise ValueError(f"env_ids: expected indices in [0, {self.E}), got {ids.tolist()}")
-                mask[ids.long()] = True
+        mask = _validate.env_mask(env_ids, self.E, self.device)
         m3 = mask[:, None, None]
         q = self.queue
         self.queue = Queue(
