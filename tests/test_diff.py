@@ -281,7 +281,8 @@ def test_config_changes_are_respected():
     assert net.state.x.shape == (1, 1, 4)
 
 
-def test_l1_slot_loop_backward_equals_autograd_of_the_recursion():
+@pytest.mark.parametrize("keep_tape", [False, True], ids=["recompute", "tape"])
+def test_l1_slot_loop_backward_equals_autograd_of_the_recursion(keep_tape):
     from isaac_net.core.diff._l1_loop import L1SlotLoop
     from isaac_net.core.diff.model import _l1_slot
 
@@ -292,7 +293,7 @@ def test_l1_slot_loop_backward_equals_autograd_of_the_recursion():
     snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
     c0 = torch.zeros(E, R, A, dtype=F64)
     consts = (12.0, 5.5, 90.0)
-    outs = L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts)
+    outs = L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, keep_tape)
     c, c_sum = c0, torch.zeros_like(c0)
     served, tx = torch.zeros(E, R, dtype=F64), torch.zeros(E, R, dtype=F64)
     for _ in range(K):
@@ -310,13 +311,14 @@ def test_l1_slot_loop_backward_equals_autograd_of_the_recursion():
 
 
 @pytest.mark.slow
-def test_compiled_equals_eager():
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_compiled_equals_eager(mode):
     cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4)
     s = seed_scenario("normal", E=2, R=3, T=5)
     grads = []
     for compiled in (False, True):
         p = s.p.clone().requires_grad_()
-        net = DiffFluid(2, 3, mode="L1", tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
+        net = DiffFluid(2, 3, mode=mode, tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
         k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
         (g,) = torch.autograd.grad(kpi_mix(k), p)
         grads.append((kpi_mix(k).detach(), g))
@@ -327,6 +329,30 @@ def test_compiled_equals_eager():
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)
 
 
+def test_slot_loop_variants_agree_in_a_rollout():
+    """The checkpointed node, the taped node and autograd through every slot give one model."""
+    s = seed_scenario("normal", E=3, R=4, T=8)
+    out = {}
+    for slots in ("recompute", "tape", "autograd"):
+        p = s.p.clone().requires_grad_()
+        B = s.B.clone().requires_grad_()
+        net = DiffFluid(3, 4, mode="L1", tau=0.05, dtype=F64)
+        net.slots = slots
+        k = rollout(net, s.T, p, B, snr_db=s.snr_db)
+        out[slots] = (kpi_mix(k).detach(), *torch.autograd.grad(kpi_mix(k), (p, B)))
+    for slots in ("tape", "autograd"):
+        for a, b in zip(out["recompute"], out[slots], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert out["recompute"][1].abs().sum() > 0
+
+
+def test_checkpoint_default_keeps_the_tape_only_when_small():
+    assert DiffFluid(16, 8).slots == "tape"
+    assert DiffFluid(1024, 8).slots == "recompute"  # 12 E R K float32 = 15.7 MiB per step
+    assert DiffFluid(16, 8, checkpoint=True).slots == "recompute"
+    assert DiffFluid(1024, 8, checkpoint=False).slots == "tape"
+
+
 def test_full_reset_starts_a_fresh_graph():
     p = torch.full((2, 3), 0.5, dtype=F64, requires_grad=True)
     net = DiffFluid(2, 3, dtype=F64)
@@ -335,3 +361,18 @@ def test_full_reset_starts_a_fresh_graph():
         k = rollout(net, 4, p, 30_000.0, snr_db=10.0)
         k["mean_delay"].backward()  # a second backward through an old graph would raise
     assert torch.isfinite(p.grad).all()
+
+
+def test_advance_on_checked_inputs_equals_step():
+    """``rollout``'s loop (inputs checked once, radio resolved once) is ``step``."""
+    g = torch.Generator().manual_seed(4)
+    pos = 40 + 100 * torch.rand(2, 3, 2, generator=g, dtype=F64)
+    a, b = DiffFluid(2, 3, dtype=F64), DiffFluid(2, 3, dtype=F64)
+    inputs = b.inputs(20_000.0, pos=pos, tx_dbm=20.0, deadline=7.0)
+    for t in range(4):
+        send = torch.rand(2, 3, generator=g, dtype=F64)
+        ka = a.step(send, 20_000.0, pos=pos, tx_dbm=20.0, deadline=7.0)
+        kb = b.advance(send, *inputs)
+        for key in ka:
+            torch.testing.assert_close(ka[key], kb[key], rtol=0, atol=0)
+    assert float(ka["delivered"].sum()) > 0

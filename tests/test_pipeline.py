@@ -133,17 +133,27 @@ def fixture_artifacts() -> dict[str, dict]:
     cost_cfg = {"seed": 7, "tau": 0.05, "dtype": "float32", "p": 0.4, "sizes_bytes": [4000, 30000],
                 "modes": ["L1", "QA"], "E": [16, 64], "R": 8,
                 "T": 60, "compile": [False, True], "threads": [1, 2], "timeout_s": 900, "repeats": 2,
-                "l2_legacy": True}
+                "l2_legacy": True, "large": {"E": 1024, "T": 200}, "speedup_bar": 7,
+                "seed_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]}, "L2_legacy_fwd": 27.0}}
+    row = {"model": "L1D", "device": "cpu", "R": 8, "T": 60, "threads": 1, "peak_cuda_mib": None,
+           "available": True, "slots": "tape"}
     cost_rows = [
-        {"model": "L1D", "E": 16, "R": 8, "T": 60, "compile": False, "threads": 1, "forward_s": 10.8,
-         "backward_s": 11.1, "peak_rss_mib": 345.0, "peak_cuda_mib": None, "available": True},
-        {"model": "L1D", "E": 64, "R": 8, "T": 60, "compile": True, "threads": 2,
-         "error": "timed out after 900 s", "available": False},
+        {**row, "variant": "eager", "E": 16, "compile": False, "forward_s": 0.4, "backward_s": 0.5,
+         "peak_rss_mib": 345.0, "seed_ratio": 24.3},
+        {**row, "variant": "per-slot autograd", "E": 16, "compile": False, "forward_s": 0.8, "backward_s": 1.0,
+         "peak_rss_mib": 351.0, "seed_ratio": 12.2},
+        {**row, "variant": "compiled", "E": 64, "compile": True, "threads": 2, "available": False,
+         "error": "timed out after 900 s", "seed_ratio": None},
     ]
+    large = {**row, "variant": "eager", "E": 1024, "T": 200, "compile": False, "forward_s": 21.0,
+             "backward_s": 24.8, "peak_rss_mib": 3310.0, "seed_ratio": None, "slots": "recompute"}
+    speedups = [{"E": 16, "per_slot_autograd_s": 1.8, "eager_s": 0.9, "compiled_s": 0.12, "eager_speedup": 2.0,
+                 "compiled_speedup": 15.0}]
     cost = {"summary": {"dtype": "float32", "tau": 0.05, "num_slots": 40, "peak_rss_mib": 345.0,
-                        "l2_legacy_available": False, "compile_available": False, "num_failed": 1},
-            "table": cost_rows, "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
-            "provenance": _prov("cost", cost_cfg)}
+                        "l2_legacy_available": False, "compile_available": False, "num_failed": 1,
+                        "cuda_available": False},
+            "table": cost_rows + [large], "speedups": speedups, "large": large,
+            "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"}, "provenance": _prov("cost", cost_cfg)}
 
     sensitivity = {"summary": {"num_seeds": 2, "tx_grad_aoi": -0.79, "sign_agreement": 0.875},
                    "table": [{"input": "tx", "relaxed": -0.79, "l2_fd": -0.61}],
@@ -220,7 +230,12 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "Signs are physical" in fd
 
     cost = section(page, "## Cost")
-    assert "| L1D | 16 | no | 1 | 10.8 | 11.1 | n/a | 345 |" in cost
+    assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | n/a | 345 | 24.3× |" in cost
+    assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | n/a | 3310 | – |" in cost
+    assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), compiled 0.12 s (15× faster; the bar is 7×: met)"
+            in cost)
+    assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
+    assert "No CUDA device was visible to this run" in cost
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 

@@ -1,7 +1,9 @@
 """Cost of a rollout: wall time of the forward pass and of the backward pass of L1D and
 QAD (eager and ``compile=True``), at each size and torch thread count, next to the
 forward time of the discrete levels (L1, QA and, when it builds, L2-legacy) on the same
-inputs.
+inputs; the plain per-slot autograd design of L1D (the seed's) as the baseline of the
+speed-up; one large L1D rollout for memory; the same on CUDA when a device is visible;
+and the ratio to the seed's figures.
 
 Each measurement runs in a fresh process (``cost.py --measure SPEC``) with a time limit,
 so that a slow ``torch.compile`` is recorded as timed out instead of holding the stage,
@@ -31,7 +33,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
+def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None) -> dict:
     from isaac_net.core.diff import DiffFluid, rollout
 
     fwd, bwd = [], []
@@ -39,6 +41,8 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
         # A fresh model per pass: a reset state would still link to the previous pass's graph.
         # torch.compile caches per process, so only the first pass compiles.
         net = DiffFluid(E, R, device, mode=mode, tau=tau, dtype=dtype, compile=compile_)
+        if slots is not None:  # "autograd": the plain per-slot design, the baseline
+            net.slots = slots
         leaf = {k: x[k].clone().requires_grad_(True) for k in ("p", "B", "tx", "pos")}
         _sync(device)
         t0 = time.perf_counter()
@@ -50,7 +54,7 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats) -> dict:
         _sync(device)
         fwd.append(t1 - t0)
         bwd.append(time.perf_counter() - t1)
-    out = {}
+    out = {"slots": net.slots if mode == "L1" else None}
     if compile_:  # the first pass pays for compilation; report it apart
         out["first_forward_s"], out["first_backward_s"] = fwd.pop(0), bwd.pop(0)
     return {**out, "forward_s": min(fwd), "backward_s": min(bwd)}
@@ -83,7 +87,8 @@ def measure(spec: dict) -> dict:
     x = draw_inputs(E, R, T, spec["sizes_bytes"], spec["seed"], p=spec["p"], tx_dbm=23.0, dtype=dtype,
                     device=dev)
     if spec["kind"] == "relaxed":
-        r = relaxed(spec["name"], E, R, T, spec["tau"], spec["compile"], dtype, dev, x, spec["repeats"])
+        r = relaxed(spec["name"], E, R, T, spec["tau"], spec["compile"], dtype, dev, x, spec["repeats"],
+                    spec.get("slots"))
     else:
         r = discrete(spec["name"], E, R, T, dtype, dev, x, spec["repeats"], spec["seed"])
     r["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -111,34 +116,87 @@ def measure_in_child(spec: dict, timeout_s: float) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def _jobs(params: dict, device: str) -> list[dict]:
+    """The measurements of one device: relaxed (each mode, compile, threads), the per-slot
+    autograd baseline (eager, one thread), the discrete levels and the large rollout."""
+    threads = params["threads"] if device == "cpu" else [1]
+    jobs = [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
+            for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
+    if "L1" in params["modes"]:
+        jobs += [{"kind": "relaxed", "name": "L1", "E": E, "compile": False, "threads": 1,
+                  "slots": "autograd"} for E in params["E"]]
+    levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
+    jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
+             for E in params["E"] for lv in levels for th in threads]
+    large = params.get("large")
+    if large:
+        jobs.append({"kind": "relaxed", "name": "L1", "E": large["E"], "T": large["T"], "compile": False,
+                     "threads": 1, "repeats": 1})
+    return [{**j, "device": device} for j in jobs]
+
+
+def _variant(job: dict) -> str:
+    if job["kind"] == "discrete":
+        return "discrete"
+    if job.get("slots") == "autograd":
+        return "per-slot autograd"
+    return "compiled" if job["compile"] else "eager"
+
+
+def _seed_ratio(row: dict, seed_s: dict) -> float | None:
+    """The seed's time for this workload over ours (fwd + bwd for L1D, forward for L2-legacy)."""
+    if not row["available"] or row["T"] != seed_s["T"]:
+        return None
+    if row["model"] == "L1D" and str(row["E"]) in seed_s["L1D_fwd_bwd"]:
+        return sum(seed_s["L1D_fwd_bwd"][str(row["E"])]) / (row["forward_s"] + row["backward_s"])
+    if row["model"] == "L2-legacy":
+        return seed_s["L2_legacy_fwd"] / row["forward_s"]
+    return None
+
+
 def main(stage, params: dict, out: dict) -> None:
     """Wall time and memory of relaxed and discrete rollouts."""
     from isaac_net.core import CellConfig
 
     common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
-              "p": params["p"], "sizes_bytes": params["sizes_bytes"], "device": stage.device,
-              "repeats": params["repeats"], "seed": params["seed"]}
-    jobs = [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
-            for E in params["E"] for m in params["modes"] for c in params["compile"]
-            for th in params["threads"]]
-    levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
-    jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
-             for E in params["E"] for lv in levels for th in params["threads"]]
+              "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
+              "seed": params["seed"]}
+    devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
+    jobs = [j for dev in devices for j in _jobs(params, dev)]
     rows, unavailable = [], {}
     for job in tqdm(jobs, desc="cost", mininterval=2.0):
         if job["name"] in unavailable and job["kind"] == "discrete":
             continue
-        r = measure_in_child({**common, **job}, params["timeout_s"])
+        spec = {**common, **job}
+        r = measure_in_child(spec, params["timeout_s"])
         model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
         if "error" in r:
-            where = f"E={job['E']} compile={job['compile']} threads={job['threads']}"
+            where = f"E={job['E']} compile={job['compile']} threads={job['threads']} device={job['device']}"
             print(f"[cost] {model} {where}: {r['error']}", flush=True)
             if job["kind"] == "discrete" and not r["error"].startswith("timed out"):
                 unavailable[job["name"]] = r["error"]
                 continue
-        rows.append({"model": model, "E": job["E"], "R": common["R"], "T": common["T"],
-                     "compile": job["compile"], "threads": job["threads"], **r,
-                     "available": "error" not in r})
+        rows.append({"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
+                     "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
+                     **r, "available": "error" not in r})
+    for r in rows:
+        r["seed_ratio"] = _seed_ratio(r, params["seed_s"])
+
+    def total(model, variant, E):
+        key = (model, variant, E, common["T"], 1, stage.device)
+        hits = [r["forward_s"] + r["backward_s"] for r in rows if r["available"]
+                and (r["model"], r["variant"], r["E"], r["T"], r["threads"], r["device"]) == key]
+        return min(hits) if hits else None
+
+    speedups = []
+    for E in params["E"]:
+        base = total("L1D", "per-slot autograd", E)
+        eager, comp = total("L1D", "eager", E), total("L1D", "compiled", E)
+        speedups.append({"E": E, "per_slot_autograd_s": base, "eager_s": eager, "compiled_s": comp,
+                         "eager_speedup": base / eager if base and eager else None,
+                         "compiled_speedup": base / comp if base and comp else None})
+    large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
+             and r["T"] == params["large"]["T"]]
     summary = {
         "dtype": params["dtype"],
         "tau": common["tau"],
@@ -146,9 +204,11 @@ def main(stage, params: dict, out: dict) -> None:
         "peak_rss_mib": max((r["peak_rss_mib"] for r in rows if r["available"]), default=None),
         "l2_legacy_available": params["l2_legacy"] and "L2-legacy" not in unavailable,
         "compile_available": any(r["compile"] and r["available"] for r in rows),
+        "cuda_available": "cuda" in devices,
         "num_failed": sum(not r["available"] for r in rows),
     }
-    stage.write_json(out["json"], {"summary": summary, "table": rows, "unavailable": unavailable})
+    stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
+                                   "large": large[0] if large else None, "unavailable": unavailable})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 r"""The K-slot loop of L1D (tau > 0) as one autograd node with a hand-written backward.
 
 Autograd over ~50 tiny ops per slot spends most of its time in bookkeeping. This node
-runs the forward without a graph, and its backward re-runs the forward (so nothing per
-slot is kept between forward and backward: activation checkpointing per step) and then
-walks the slots in reverse with the adjoint equations written below. It is checked
+runs the forward without a graph and keeps only ``served`` at the start of each slot
+(``[K, E, R]``, activation checkpointing per slot); its backward walks the slots in
+reverse, recomputes each slot's values from that checkpoint and applies the adjoint
+equations written below. It is checked
 against autograd of the same recursion (``model._l1_slot``) in float64 by the tests.
 
 Per slot ``k`` (``c`` is ``[E, R, A]``, cell quantities ``[E, 1]``, the rest ``[E, R]``):
@@ -27,61 +28,93 @@ from isaac_net.core.diff.relax import _log_pos, _tiny
 LN2 = math.log(2.0)
 
 
-def _smin1(x, tau):
-    """``smin(x, 1)`` and its derivative."""
+def _smin1(x, tau, deriv: bool = True):
+    """``smin(x, 1)`` and (with ``deriv``) its derivative, else None."""
     xc = torch.clamp(x, min=_tiny(x))
     u = -torch.log(xc) / tau
     val = torch.exp(-tau * torch.nn.functional.softplus(u))
-    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, torch.zeros_like(x))
+    if not deriv:
+        return val, None
+    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, 0.0)
 
 
-def _smax1(x, tau):
-    """``smax(x, 1)`` and its derivative."""
+def _smax1(x, tau, deriv: bool = True):
+    """``smax(x, 1)`` and (with ``deriv``) its derivative, else None."""
     xc = torch.clamp(x, min=_tiny(x))
     u = torch.log(xc) / tau
     val = torch.exp(tau * torch.nn.functional.softplus(u))
-    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, torch.zeros_like(x))
+    if not deriv:
+        return val, None
+    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, 0.0)
 
 
-def _forward(w, log_cum, snr_lin, c, tau, K, num_subbands, se_max, kappa, record):
+def _completion(served, log_cum, tau):
+    """``c = sigmoid(log(served) / tau - log(cum) / tau)`` ``[E, R, A]`` from ``served`` ``[E, R]``."""
+    return torch.sigmoid(_log_pos(served).unsqueeze(-1) / tau - log_cum)
+
+
+TAPE = ("b", "db", "N", "dN", "sh", "H", "dH", "dsv", "se", "s1", "ds1")
+
+
+def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
+    """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
+    without ``deriv``) and ``served`` after it."""
+    m = (w * (1.0 - c)).sum(-1)
+    b, db = _smin1(m, tau, deriv)
+    N, dN = _smax1(b.sum(-1, keepdim=True), tau, deriv)
+    sh = num_subbands / N
+    H, dH = _smax1(sh, tau, deriv)
+    q = torch.log2(1.0 + snr_lin / H)
+    sv, dsv = _smin1(q / se_max, tau, deriv)
+    se = se_max * sv
+    s1, ds1 = _smin1(sh, tau, deriv)
+    return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
+
+
+def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False):
+    """The K slots without a graph: ``(served, tx, csum, served_before, tape)``.
+
+    ``served_before`` ``[K, E, R]`` holds ``served`` at the start of each slot. With
+    ``keep_tape`` ``tape`` lists each slot's ``TAPE`` values (~12 ``[E, R]`` per slot) for the
+    backward; otherwise it is empty and the backward recomputes them from ``served_before``.
+    """
     served = torch.zeros_like(snr_lin)
     tx = torch.zeros_like(snr_lin)
-    csum = torch.zeros_like(c)
-    tape = []
+    csum = torch.zeros_like(c0)
+    c = c0
+    history, tape = [], []
     for _ in range(K):
-        m = (w * (1.0 - c)).sum(-1)
-        b, db = _smin1(m, tau)
-        N, dN = _smax1(b.sum(-1, keepdim=True), tau)
-        sh = num_subbands / N
-        H, dH = _smax1(sh, tau)
-        q = torch.log2(1.0 + snr_lin / H)
-        sv, dsv = _smin1(q / se_max, tau)
-        se = se_max * sv
-        s1, ds1 = _smin1(sh, tau)
-        served = served + kappa * sh * se
-        tx = tx + b * s1
+        history.append(served)
+        v, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape)
+        if keep_tape:
+            tape.append(v)
+        tx = tx + v[0] * v[9]  # b smin(sh, 1)
         csum = csum + c
-        c_prev = c
-        c = torch.sigmoid(_log_pos(served).unsqueeze(-1) / tau - log_cum)
-        if record:
-            tape.append((c_prev, b, db, N, dN, sh, H, dH, dsv, se, s1, ds1, served, c))
-    return served, tx, csum, tape
+        c = _completion(served, log_cum, tau)
+    return served, tx, csum, torch.stack(history), tape
 
 
-def _backward(w, log_cum, snr_lin, c0, g_served, g_tx, g_csum, tau, K, num_subbands, se_max, kappa):
-    *_, tape = _forward(w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, True)
+def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
+              num_subbands, se_max, kappa):
+    """Reverse walk over the slots, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
     s_bar, t_bar, cs_bar = g_served, g_tx, g_csum
     c_bar = torch.zeros_like(c0)
     gw = torch.zeros_like(w)
     glc = torch.zeros_like(log_cum)
     gsnr = torch.zeros_like(snr_lin)
-    for c_prev, b, db, N, dN, sh, H, dH, dsv, se, s1, ds1, served, c in reversed(tape):
+    c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
+    for k in range(K - 1, -1, -1):
+        c_prev = c0 if k == 0 else _completion(served_before[k], log_cum, tau)
+        if tape:
+            values = tape[k]
+        else:
+            values, _ = _slot(w, c_prev, served_before[k], snr_lin, tau, num_subbands, se_max, kappa)
+        b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
         # c = sigmoid(log(served) / tau - log_cum)
         z_bar = c_bar * c * (1.0 - c)
         glc = glc - z_bar
         live = served > _tiny(served)
-        s_bar = s_bar + torch.where(live, z_bar.sum(-1) / (tau * torch.clamp(served, min=_tiny(served))),
-                                    torch.zeros_like(served))
+        s_bar = s_bar + torch.where(live, z_bar.sum(-1) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
         # tx += b smin(sh, 1);  served += kappa sh se
         b_bar = t_bar * s1
         sh_bar = (t_bar * b).sum(-1, keepdim=True) * ds1 + kappa * (s_bar * se).sum(-1, keepdim=True)
@@ -96,45 +129,35 @@ def _backward(w, log_cum, snr_lin, c0, g_served, g_tx, g_csum, tau, K, num_subba
         # m = sum_a w_a (1 - c_a);  csum += c
         gw = gw + m_bar.unsqueeze(-1) * (1.0 - c_prev)
         c_bar = cs_bar - m_bar.unsqueeze(-1) * w
+        c, served = c_prev, served_before[k]
     return gw, glc, gsnr
-
-
-_COMPILED = {}
-
-
-def _impl(name, compiled):
-    fn = {"forward": _forward, "backward": _backward}[name]
-    if not compiled:
-        return fn
-    if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(fn, dynamic=False)
-    return _COMPILED[name]
 
 
 class L1SlotLoop(torch.autograd.Function):
     """``(w, log_cum, snr_lin, c0) -> (served, tx_frac, c_sum)`` after K slots.
 
-    With ``compiled`` the forward and the backward (each a graph-free unrolled loop) go
-    through ``torch.compile``.
+    Keeps ``served`` at the start of each slot (``[K, E, R]``) for the backward, which
+    recomputes the other per-slot values while it walks the slots in reverse, or with
+    ``keep_tape`` keeps those too (about 12x the memory, a third fewer ops in eager). Traceable
+    by ``torch.compile`` (the compiled step fuses its forward and backward).
     """
 
     @staticmethod
-    def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, compiled=False):
-        ctx.save_for_backward(w, log_cum, snr_lin, c0)
-        if compiled:  # a tensor, so that a new temperature is a new input value, not a recompile
-            tau = torch.tensor(tau, dtype=w.dtype, device=w.device)
-        ctx.consts = (tau, K, num_subbands, se_max, kappa)
-        ctx.compiled = compiled
-        served, tx, csum, _ = _impl("forward", compiled)(w, log_cum, snr_lin, c0, *ctx.consts, False)
+    def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, keep_tape=False):
+        consts = (tau, K, num_subbands, se_max, kappa)
+        served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, *consts, keep_tape)
+        ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, *(t for v in tape for t in v))
+        ctx.consts = consts
         return served, tx, csum
 
     @staticmethod
     def backward(ctx, g_served, g_tx, g_csum):
-        w, log_cum, snr_lin, c0 = ctx.saved_tensors
+        w, log_cum, snr_lin, c0, served_before, served_K, *flat = ctx.saved_tensors
+        n = len(TAPE)
+        tape = [flat[i:i + n] for i in range(0, len(flat), n)]
         g_served = torch.zeros_like(snr_lin) if g_served is None else g_served
         g_tx = torch.zeros_like(snr_lin) if g_tx is None else g_tx
         g_csum = torch.zeros_like(c0) if g_csum is None else g_csum
-        with torch.no_grad():
-            gw, glc, gsnr = _impl("backward", ctx.compiled)(w, log_cum, snr_lin, c0, g_served, g_tx, g_csum,
-                                                            *ctx.consts)
+        gw, glc, gsnr = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx,
+                                  g_csum, *ctx.consts)
         return gw, glc, gsnr, None, None, None, None, None, None, None

@@ -11,6 +11,7 @@ slot per step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -61,8 +62,12 @@ def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_sub
     return c, c_sum, served, tx_frac
 
 
-def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float, compiled: bool = False):
+def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
     """L1D: K UL slots with equal subband shares among backlogged robots.
+
+    :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
+        ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values;
+        ``"autograd"``, autograd through every slot (the plain per-slot design, a baseline).
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
@@ -76,11 +81,17 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau: float, compiled: bool = Fal
     w_sum = w.sum(-1)
     served = torch.zeros_like(w_sum)
     tx_frac = torch.zeros_like(w_sum)
-    if tau > 0:
+    if not relax.is_hard(tau):
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
         log_cum = relax._log_pos(cum) / tau
         consts = (float(cfg.num_subbands), float(cfg.se_max), bytes_per_sb_se)
-        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, tau, K, *consts, compiled)
+        if slots == "autograd":
+            for _ in range(K):
+                c, c_sum, served, tx_frac = _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin,
+                                                     tau, *consts)
+        else:
+            keep_tape = slots == "tape"
+            served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, tau, K, *consts, keep_tape)
         c = relax.soft_ge(served.unsqueeze(-1), cum, tau)  # c_K again, exact at cum = 0
     else:
         for _ in range(K):
@@ -123,14 +134,45 @@ def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: 
 
 
 def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
-               cfg: CellConfig, mode: str, tau: float, tau_n: float, compiled: bool = False):
+               cfg: CellConfig, mode: str, tau: float, tau_n: float, compiled: bool = False,
+               slots: str = "recompute"):
     """One control step of L1D or QAD as a pure function of the state.
 
     :input send: ``[E, R]`` send weight in [0, 1]; :input msg_bytes: ``[E, R]`` bytes;
     :input snr_db, tx_dbm, deadline: ``[E, R]``.
+    :param compiled: run the step through ``torch.compile`` (both temperatures must be > 0;
+        at 0 the hard operations run eager).
+    :param slots: how L1D's slot loop is differentiated (see ``_service_l1``).
     :output: ``(next_state, kpis)``, kpis ``[E, R]`` as expectations.
     """
-    x, w, aoi = state.x, state.w, state.aoi
+    if compiled and tau > 0 and tau_n > 0:
+        x = state.x
+        temps = torch.tensor([tau, tau_n], dtype=x.dtype, device=x.device)
+        out = _compiled_step(mode, slots)(x, state.w, state.aoi, send, msg_bytes, snr_db, tx_dbm, deadline,
+                                          temps[0], temps[1], cfg)
+    else:
+        out = _step(state.x, state.w, state.aoi, send, msg_bytes, snr_db, tx_dbm, deadline, tau, tau_n, cfg,
+                    mode, slots)
+    x, w, aoi, *values = out
+    return FluidState(x, w, aoi), dict(zip(KPIS, values, strict=True))
+
+
+KPIS = ("offered", "delivered", "delay_sum", "timeouts", "overflow", "aoi", "energy_j", "queued_msgs")
+_COMPILED_STEPS: dict = {}
+
+
+def _compiled_step(mode: str, slots: str):
+    """``_step`` through ``torch.compile``: one graph per (mode, slots) and per shape and dtype,
+    forward and backward each fused by inductor; the temperatures are tensor inputs."""
+    key = (mode, slots)
+    if key not in _COMPILED_STEPS:
+        _COMPILED_STEPS[key] = torch.compile(functools.partial(_step, mode=mode, slots=slots), dynamic=False)
+    return _COMPILED_STEPS[key]
+
+
+def _step(x, w, aoi, send, msg_bytes, snr_db, tx_dbm, deadline, tau, tau_n, cfg: CellConfig, mode: str,
+          slots: str = "recompute"):
+    """The step on plain tensors: ``(x, w, aoi, *kpis in KPIS order)``."""
     A = x.shape[-1]
 
     # 1. Capture into the youngest slot; the buffer limit acts on the soft message count.
@@ -144,7 +186,7 @@ def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
     # 2. Service.
     snr_lin = radio.db_to_lin(snr_db)
     if mode == "L1":
-        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau, compiled)
+        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau, slots)
     else:
         c, fin, served, tx_s, cum = _service_qa(x, w, mass_before, snr_lin, cfg, tau, tau_n)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)
@@ -167,18 +209,8 @@ def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
     zero = torch.zeros_like(w[..., :1])
     w = torch.cat([zero, w[..., :-1]], dim=-1)
     x = torch.cat([zero, x[..., :-1]], dim=-1)
-
-    kpis = {
-        "offered": send,
-        "delivered": delivered,
-        "delay_sum": delay_sum,
-        "timeouts": timeouts,
-        "overflow": overflow,
-        "aoi": aoi,
-        "energy_j": radio.dbm_to_w(tx_dbm) * tx_s,
-        "queued_msgs": w.sum(-1),
-    }
-    return FluidState(x, w, aoi), kpis
+    energy_j = radio.dbm_to_w(tx_dbm) * tx_s
+    return x, w, aoi, send, delivered, delay_sum, timeouts, overflow, aoi, energy_j, w.sum(-1)
 
 
 class DiffFluid:
@@ -188,14 +220,22 @@ class DiffFluid:
         changed between steps (annealing).
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
-    :param compile: run the L1D per-slot body through ``torch.compile`` (one small graph,
-        compiled once per process and shape; ``tau`` is a tensor input, so annealing does
-        not recompile). QAD has no slot loop and runs eager.
+    :param compile: run each step through ``torch.compile`` (L1D and QAD; forward and
+        backward each fused into one inductor kernel). Compiled once per process, mode,
+        shape and dtype; the temperatures are tensor inputs, so annealing does not
+        recompile. Warm-up: the first L1D step compiles K unrolled slots (about 3 min on
+        one core with a cold inductor cache, under a minute with a warm one; the cache
+        lives in ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``). At
+        ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations).
+    :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
+        backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
+        third fewer ops in the eager backward (``False``). ``None`` (default): keep them
+        when they take at most 4 MiB per step, recompute otherwise and when compiled.
     """
 
     def __init__(self, E: int, R: int, device="cpu", mode: str = "L1", tau: float = 0.05,
                  tau_n: float | None = None, *, cfg: CellConfig | None = None,
-                 dtype: torch.dtype = torch.float32, compile: bool = False):
+                 dtype: torch.dtype = torch.float32, compile: bool = False, checkpoint: bool | None = None):
         _validate.check_dims(E, R)
         _validate.check_dtype(dtype)
         if mode not in MODES:
@@ -208,6 +248,12 @@ class DiffFluid:
         self.tau = tau
         self.tau_n = tau_n
         self.compile = bool(compile)
+        if checkpoint is None:
+            tape_bytes = 12 * E * R * self.cfg.num_slots * torch.finfo(dtype).bits // 8
+            checkpoint = self.compile or tape_bytes > 4 * 2**20
+        # "recompute" / "tape": the slot loop's custom backward; "autograd" (set by the
+        # benchmarks): autograd through every slot, the plain per-slot design.
+        self.slots = "recompute" if checkpoint else "tape"
         A = self.cfg.timeout_steps
         z = torch.zeros(E, R, A, dtype=dtype, device=self.device)
         self.state = FluidState(z, z.clone(), torch.zeros(E, R, dtype=dtype, device=self.device))
@@ -267,14 +313,30 @@ class DiffFluid:
         :output: dict of ``[E, R]`` tensors: offered, delivered, delay_sum, timeouts,
             overflow, aoi, energy_j, queued_msgs.
         """
-        E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
-        send = _validate.per_robot(send, "send", E, R, dt, dev)
+        send = _validate.per_robot(send, "send", self.E, self.R, self.dtype, self.device)
         _validate.check_range(send, "send", 0.0, 1.0, "send weights in [0, 1]")
+        return self.advance(send, *self.inputs(msg_bytes, snr_db, pos, tx_dbm, deadline))
+
+    def inputs(self, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> tuple:
+        """Check the per-step inputs once: ``(msg_bytes, snr_db, tx_dbm, deadline)``, each ``[E, R]``.
+
+        ``pos`` goes through the radio model here, so a rollout with constant positions
+        computes (and differentiates) the path loss once rather than at every step.
+        """
+        E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
         msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
         if bool((msg_bytes <= 0).any()):
             raise ValueError("msg_bytes: expected sizes > 0 bytes")
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
-        self.state, kpis = fluid_step(self.state, send, msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode,
-                                      tau=self.tau, tau_n=self.tau_n, compiled=self.compile)
+        return msg_bytes, snr, tx, dl
+
+    def advance(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+        """``step`` on inputs already checked by :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).
+
+        No checks: the loop of ``rollout``, where the inputs are checked once.
+        """
+        self.state, kpis = fluid_step(self.state, send, msg_bytes, snr_db, tx_dbm, deadline, cfg=self.cfg,
+                                      mode=self.mode, tau=self.tau, tau_n=self.tau_n, compiled=self.compile,
+                                      slots=self.slots)
         return kpis

@@ -8,7 +8,8 @@ Two kinds of temperature:
 * **additive**: the smoothing acts on a difference in natural units (messages,
   control steps).
 
-Every function accepts broadcastable tensors and a Python float ``tau >= 0``.
+Every function accepts broadcastable tensors and a Python float ``tau >= 0`` (or a 0-dim
+tensor ``tau > 0``, as in the compiled step).
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ EULER_GAMMA = 0.5772156649015329
 def _tiny(x: torch.Tensor) -> float:
     # Smallest magnitude whose log is still finite and far below any physical value.
     return 1e-300 if x.dtype == torch.float64 else 1e-30
+
+
+def is_hard(tau) -> bool:
+    """True for the hard operations (``tau == 0`` as a Python number).
+
+    A tensor temperature is taken to be ``> 0``: the compiled step passes ``tau`` as a 0-dim
+    tensor so that annealing changes an input value, not the traced graph.
+    """
+    return not isinstance(tau, torch.Tensor) and tau == 0
 
 
 def _log_pos(x: torch.Tensor) -> torch.Tensor:
@@ -58,10 +68,10 @@ def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
     ``smin(a, a) = a 2^{-tau}``. Limit ``tau -> 0``: ``min(a, b)``.
     """
     if not isinstance(b, torch.Tensor):
-        if tau == 0:
+        if is_hard(tau):
             return torch.clamp(a, max=b)
         return smin_const(a, b, tau)
-    if tau == 0:
+    if is_hard(tau):
         return torch.minimum(a, b)
     out = torch.exp(-tau * torch.logaddexp(-_log_pos(a) / tau, -_log_pos(b) / tau))
     return torch.where((a > 0) & (b > 0), out, torch.zeros_like(out))
@@ -76,10 +86,10 @@ def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
     Limit ``tau -> 0``: ``max(a, b)``.
     """
     if not isinstance(b, torch.Tensor):
-        if tau == 0:
+        if is_hard(tau):
             return torch.clamp(a, min=b)
         return smax_const(a, b, tau)
-    if tau == 0:
+    if is_hard(tau):
         return torch.maximum(a, b)
     out = torch.exp(tau * torch.logaddexp(_log_pos(a) / tau, _log_pos(b) / tau))
     return torch.where(a <= 0, b.expand_as(out), torch.where(b <= 0, a.expand_as(out), out))
@@ -93,7 +103,7 @@ def soft_ge(served: torch.Tensor, cum: torch.Tensor, tau: float) -> torch.Tensor
     ``cum <= 0`` (nothing to serve) gives 1 and ``served <= 0 < cum`` gives 0 at every tau.
     Limit ``tau -> 0``: ``1[S >= c]``.
     """
-    if tau == 0:
+    if is_hard(tau):
         return (served >= cum).to(cum.dtype)
     c = torch.sigmoid((_log_pos(served) - _log_pos(cum)) / tau)
     return torch.where(cum <= 0, torch.ones_like(c), torch.where(served <= 0, torch.zeros_like(c), c))
@@ -111,7 +121,7 @@ def fifo_remainder(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau
     not reached keeps ``x``, the one in service keeps ``cum - S``, done ones keep 0.
     """
     prev = cum - x
-    if tau == 0:
+    if is_hard(tau):
         return torch.where(served >= cum, torch.zeros_like(x), torch.where(prev < served, cum - served, x))
     return x - (smin(cum, served, tau) - smin(prev, served, tau))
 
@@ -121,14 +131,14 @@ def step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
 
     Used for the buffer limit (``z = F - 0.5 - n`` messages). Limit ``tau -> 0``: ``1[z > 0]``.
     """
-    if tau == 0:
+    if is_hard(tau):
         return (z > 0).to(z.dtype)
     return torch.sigmoid(z / tau)
 
 
 def log_step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
     """``log step_add(z, tau)``, stable for very negative ``z`` (``-inf`` at tau = 0, z <= 0)."""
-    if tau == 0:
+    if is_hard(tau):
         return torch.where(z > 0, torch.zeros_like(z), torch.full_like(z, -math.inf))
     return torch.nn.functional.logsigmoid(z / tau)
 
@@ -146,7 +156,7 @@ def survival(deadline: torch.Tensor, num_ages: int, tau: float) -> torch.Tensor:
     """
     ages = torch.arange(num_ages, dtype=deadline.dtype, device=deadline.device)
     z = deadline.unsqueeze(-1) - 0.5 - (ages + 1.0)
-    if tau == 0:
+    if is_hard(tau):
         keep = (z > 0).to(deadline.dtype)
     else:
         log_s = torch.nn.functional.logsigmoid(z / tau)
@@ -166,7 +176,7 @@ def soft_floor(y: torch.Tensor, n_max: int, tau: float) -> torch.Tensor:
     """
     j = torch.arange(1, n_max + 1, dtype=y.dtype, device=y.device)
     z = y.unsqueeze(-1) - j
-    if tau == 0:
+    if is_hard(tau):
         return (z >= 0).to(y.dtype).sum(-1)
     return torch.sigmoid(z / tau).sum(-1)
 

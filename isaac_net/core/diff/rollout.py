@@ -43,6 +43,7 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         raise ValueError(f"lam: expected a temperature >= 0, got {lam}")
     if sends != "mean_field":
         u = send_uniforms(u, T, E, R, dt, dev, generator)
+    step_inputs = net.inputs(B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline)
     acc = KpiAccumulator(warmup)
     for t in range(T):
         if sends == "mean_field":
@@ -51,5 +52,5 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
             send = relax.relaxed_bernoulli(p, u[t], lam)
         else:
             send = (u[t] < p).to(dt)
-        acc.add(net.step(send, B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline))
+        acc.add(net.advance(send, *step_inputs))
     return acc.result()

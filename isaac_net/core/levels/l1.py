@@ -22,17 +22,22 @@ class NetFluid(DiscreteLevel):
         total = cum[..., -1]  # [E, R]
         valid = q.valid
         snr_lin = radio.db_to_lin(ctx.snr_db)
-        bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
+        # Share, SE and rate depend on the slot only through n, the number of backlogged robots
+        # of the cell: tabulate them for n = 0..R once per step, then each slot is a lookup.
+        n_all = torch.arange(snr_lin.shape[-1] + 1, dtype=self.dtype, device=snr_lin.device)
+        share_n = cfg.num_subbands / torch.clamp(n_all, min=1.0)  # [R + 1]
+        se_n = torch.clamp(torch.log2(1.0 + snr_lin.unsqueeze(-1) / torch.clamp(share_n, min=1.0)), max=cfg.se_max)
+        rate_n = share_n * se_n * (cfg.subband_hz * cfg.slot_s / 8.0)  # [E, R, R + 1] bytes per slot
+        tx_n = torch.clamp(share_n, max=1.0) * cfg.slot_s  # [R + 1] s at full power per slot
         served = torch.zeros_like(total)  # bytes offered since the step began
         tx_time = torch.zeros_like(total)
         served_by_slot = []
         for _ in range(cfg.num_slots):
-            is_backlogged = (served < total).to(self.dtype)
+            is_backlogged = served < total
             n = is_backlogged.sum(-1, keepdim=True)  # [E, 1]
-            share = cfg.num_subbands / torch.clamp(n, min=1.0)
-            se = torch.clamp(torch.log2(1.0 + snr_lin / torch.clamp(share, min=1.0)), max=cfg.se_max)
-            served = served + is_backlogged * (share * se * bytes_per_sb_se)
-            tx_time = tx_time + is_backlogged * (torch.clamp(share, max=1.0) * cfg.slot_s)
+            rate = rate_n.gather(-1, n.expand_as(served).unsqueeze(-1)).squeeze(-1)
+            served = served + torch.where(is_backlogged, rate, 0.0)
+            tx_time = tx_time + torch.where(is_backlogged, tx_n[n], 0.0)
             served_by_slot.append(served)
         # A message finishes in the first slot whose cumulative service reaches its FIFO prefix.
         reached = torch.stack(served_by_slot).unsqueeze(-1) >= cum  # [K, E, R, F]
