@@ -369,7 +369,7 @@ def test_advance_on_checked_inputs_equals_step():
     pos = 40 + 100 * torch.rand(2, 3, 2, generator=g, dtype=F64)
     a, b = DiffFluid(2, 3, dtype=F64), DiffFluid(2, 3, dtype=F64)
     inputs = b.inputs(20_000.0, pos=pos, tx_dbm=20.0, deadline=7.0)
-    for t in range(4):
+    for _ in range(4):
         send = torch.rand(2, 3, generator=g, dtype=F64)
         ka = a.step(send, 20_000.0, pos=pos, tx_dbm=20.0, deadline=7.0)
         kb = b.advance(send, *inputs)

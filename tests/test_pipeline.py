@@ -134,7 +134,8 @@ def fixture_artifacts() -> dict[str, dict]:
                 "modes": ["L1", "QA"], "E": [16, 64], "R": 8,
                 "T": 60, "compile": [False, True], "threads": [1, 2], "timeout_s": 900, "repeats": 2,
                 "l2_legacy": True, "large": {"E": 1024, "T": 200}, "speedup_bar": 7,
-                "seed_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]}, "L2_legacy_fwd": 27.0}}
+                "seed_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]},
+                           "L2_legacy_fwd": 27.0}}
     row = {"model": "L1D", "device": "cpu", "R": 8, "T": 60, "threads": 1, "peak_cuda_mib": None,
            "available": True, "slots": "tape"}
     cost_rows = [

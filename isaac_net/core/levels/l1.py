@@ -26,7 +26,8 @@ class NetFluid(DiscreteLevel):
         # of the cell: tabulate them for n = 0..R once per step, then each slot is a lookup.
         n_all = torch.arange(snr_lin.shape[-1] + 1, dtype=self.dtype, device=snr_lin.device)
         share_n = cfg.num_subbands / torch.clamp(n_all, min=1.0)  # [R + 1]
-        se_n = torch.clamp(torch.log2(1.0 + snr_lin.unsqueeze(-1) / torch.clamp(share_n, min=1.0)), max=cfg.se_max)
+        se_n = torch.clamp(torch.log2(1.0 + snr_lin.unsqueeze(-1) / torch.clamp(share_n, min=1.0)),
+                           max=cfg.se_max)
         rate_n = share_n * se_n * (cfg.subband_hz * cfg.slot_s / 8.0)  # [E, R, R + 1] bytes per slot
         tx_n = torch.clamp(share_n, max=1.0) * cfg.slot_s  # [R + 1] s at full power per slot
         served = torch.zeros_like(total)  # bytes offered since the step began
