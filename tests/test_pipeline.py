@@ -141,20 +141,23 @@ def fixture_artifacts() -> dict[str, dict]:
     cost_rows = [
         {**row, "variant": "eager", "E": 16, "compile": False, "forward_s": 0.4, "backward_s": 0.5,
          "peak_rss_mib": 345.0, "seed_ratio": 24.3},
-        {**row, "variant": "per-slot autograd", "E": 16, "compile": False, "forward_s": 0.8, "backward_s": 1.0,
+        {**row, "variant": "per-slot autograd", "E": 16, "compile": False, "forward_s": 0.8,
+         "backward_s": 1.0,
          "peak_rss_mib": 351.0, "seed_ratio": 12.2},
         {**row, "variant": "compiled", "E": 64, "compile": True, "threads": 2, "available": False,
          "error": "timed out after 900 s", "seed_ratio": None},
     ]
     large = {**row, "variant": "eager", "E": 1024, "T": 200, "compile": False, "forward_s": 21.0,
              "backward_s": 24.8, "peak_rss_mib": 3310.0, "seed_ratio": None, "slots": "recompute"}
-    speedups = [{"E": 16, "per_slot_autograd_s": 1.8, "eager_s": 0.9, "compiled_s": 0.12, "eager_speedup": 2.0,
+    speedups = [{"E": 16, "per_slot_autograd_s": 1.8, "eager_s": 0.9, "compiled_s": 0.12,
+                 "eager_speedup": 2.0,
                  "compiled_speedup": 15.0}]
     cost = {"summary": {"dtype": "float32", "tau": 0.05, "num_slots": 40, "peak_rss_mib": 345.0,
                         "l2_legacy_available": False, "compile_available": False, "num_failed": 1,
                         "cuda_available": False},
             "table": cost_rows + [large], "speedups": speedups, "large": large,
-            "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"}, "provenance": _prov("cost", cost_cfg)}
+            "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
+            "provenance": _prov("cost", cost_cfg)}
 
     sensitivity = {"summary": {"num_seeds": 2, "tx_grad_aoi": -0.79, "sign_agreement": 0.875},
                    "table": [{"input": "tx", "relaxed": -0.79, "l2_fd": -0.61}],
@@ -233,8 +236,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     cost = section(page, "## Cost")
     assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | n/a | 345 | 24.3× |" in cost
     assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | n/a | 3310 | – |" in cost
-    assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), compiled 0.12 s (15× faster; the bar is 7×: met)"
-            in cost)
+    assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), "
+            "compiled 0.12 s (15× faster; the bar is 7×: met)") in cost
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
     assert "No CUDA device was visible to this run" in cost
     assert "failed: `timed out after 900 s`" in cost
