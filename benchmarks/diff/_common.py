@@ -183,6 +183,18 @@ def run(main, smk=None) -> None:
             main(stage, params, outputs, part=part)
 
 
+def parts(doc: str, **fns):
+    """``main`` of a stage script with several parts, one per rule (the rule's ``params.part``)."""
+
+    def main(stage, params: dict, out: dict, part: str | None = None) -> None:
+        if part not in fns:
+            raise ValueError(f"unknown part {part!r}; expected one of: {', '.join(fns)}")
+        fns[part](stage, params, out)
+
+    main.__doc__ = doc
+    return main
+
+
 def generator(seed: int, device: str = "cpu") -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))

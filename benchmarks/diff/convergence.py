@@ -10,7 +10,7 @@ discrete value, and a figure (discrete value as a dashed line).
 """
 
 import torch
-from _common import draw_inputs, loglog_slope, rel_err, run
+from _common import draw_inputs, loglog_slope, parts, rel_err, run
 from tqdm import tqdm
 
 MODES = ("L1", "QA")
@@ -156,12 +156,7 @@ def curves(stage, params: dict, out: dict) -> None:
                                    "figure": out["figure"].rsplit("/", 1)[-1]})
 
 
-def main(stage, params: dict, out: dict, part: str = "table") -> None:
-    """Convergence of the relaxed KPIs to the discrete ones as tau -> 0."""
-    parts = {"table": table, "curves": curves}
-    if part not in parts:
-        raise ValueError(f"unknown part {part!r}; expected one of: {', '.join(parts)}")
-    parts[part](stage, params, out)
+main = parts("Convergence of the relaxed KPIs to the discrete ones as tau -> 0.", table=table, curves=curves)
 
 
 if __name__ == "__main__":

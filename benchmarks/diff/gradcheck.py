@@ -14,7 +14,7 @@ Inputs are in natural units: p, message size in kB, tx in dBm, positions in m.
 """
 
 import torch
-from _common import cell_config, draw_inputs, generator, loglog_slope, run
+from _common import cell_config, draw_inputs, generator, loglog_slope, parts, run
 from tqdm import tqdm
 
 KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
@@ -179,12 +179,7 @@ def fd(stage, params: dict, out: dict) -> None:
                                    "steps": steps, "figure": out["figure"].rsplit("/", 1)[-1]})
 
 
-def main(stage, params: dict, out: dict, part: str = "gradcheck") -> None:
-    """Gradient checks of the relaxed models."""
-    parts = {"gradcheck": small, "fd": fd}
-    if part not in parts:
-        raise ValueError(f"unknown part {part!r}; expected one of: {', '.join(parts)}")
-    parts[part](stage, params, out)
+main = parts("Gradient checks of the relaxed models.", gradcheck=small, fd=fd)
 
 
 if __name__ == "__main__":
