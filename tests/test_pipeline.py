@@ -134,6 +134,7 @@ def fixture_artifacts() -> dict[str, dict]:
                 "modes": ["L1", "QA"], "E": [16, 64], "R": 8,
                 "T": 60, "compile": [False, True], "threads": [1, 2], "timeout_s": 900, "repeats": 2,
                 "l2_legacy": True, "large": {"E": 1024, "T": 200}, "speedup_bar": 7,
+                "targets_s": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1}],
                 "seed_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]},
                            "L2_legacy_fwd": 27.0}}
     row = {"model": "L1D", "device": "cpu", "R": 8, "T": 60, "threads": 1, "peak_cuda_mib": None,
@@ -156,6 +157,8 @@ def fixture_artifacts() -> dict[str, dict]:
                         "l2_legacy_available": False, "compile_available": False, "num_failed": 1,
                         "cuda_available": False},
             "table": cost_rows + [large], "speedups": speedups, "large": large,
+            "targets": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1, "measured_s": 0.12,
+                         "met": False}],
             "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
             "provenance": _prov("cost", cost_cfg)}
 
@@ -240,6 +243,7 @@ def test_numbers_land_in_their_sections(tmp_path):
             "compiled 0.12 s (15× faster; the bar is 7×: met)") in cost
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
     assert "No CUDA device was visible to this run" in cost
+    assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 

@@ -195,6 +195,10 @@ def main(stage, params: dict, out: dict) -> None:
         speedups.append({"E": E, "per_slot_autograd_s": base, "eager_s": eager, "compiled_s": comp,
                          "eager_speedup": base / eager if base and eager else None,
                          "compiled_speedup": base / comp if base and comp else None})
+    targets = []
+    for t in params["targets_s"]:
+        measured = total(t["model"], t["variant"], t["E"])
+        targets.append({**t, "measured_s": measured, "met": None if measured is None else measured <= t["s"]})
     large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
              and r["T"] == params["large"]["T"]]
     summary = {
@@ -208,7 +212,8 @@ def main(stage, params: dict, out: dict) -> None:
         "num_failed": sum(not r["available"] for r in rows),
     }
     stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
-                                   "large": large[0] if large else None, "unavailable": unavailable})
+                                   "targets": targets, "large": large[0] if large else None,
+                                   "unavailable": unavailable})
 
 
 if __name__ == "__main__":
