@@ -376,3 +376,19 @@ def test_advance_on_checked_inputs_equals_step():
         for key in ka:
             torch.testing.assert_close(ka[key], kb[key], rtol=0, atol=0)
     assert float(ka["delivered"].sum()) > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_diff_fluid_on_cuda_in_float32_matches_cpu(mode, compiled, device="cuda"):
+    s = seed_scenario("normal", E=4, R=5, T=12)
+    out = {}
+    for dev in ("cpu", device):
+        p = s.p.to(dev).float().requires_grad_()
+        net = DiffFluid(4, 5, dev, mode=mode, tau=0.05, compile=compiled and dev != "cpu")
+        k = rollout(net, s.T, p, s.B.to(dev).float(), snr_db=s.snr_db.to(dev).float())
+        (g,) = torch.autograd.grad(kpi_mix(k), p)
+        out[dev] = (kpi_mix(k).detach().cpu(), g.cpu())
+    torch.testing.assert_close(out[device][0], out["cpu"][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[device][1], out["cpu"][1], rtol=1e-3, atol=1e-5)
