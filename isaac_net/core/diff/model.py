@@ -220,8 +220,8 @@ class DiffFluid:
         changed between steps (annealing).
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
-    :param compile: run each step through ``torch.compile`` (L1D and QAD; forward and
-        backward each fused into one inductor kernel). Compiled once per process, mode,
+    :param compile: run each step through ``torch.compile`` (L1D and QAD; inductor fuses
+        the forward into one C++ kernel and the backward into a few). Compiled once per process, mode,
         shape and dtype; the temperatures are tensor inputs, so annealing does not
         recompile. Warm-up: the first L1D step compiles K unrolled slots (about 3 min on
         one core with a cold inductor cache, under a minute with a warm one; the cache
