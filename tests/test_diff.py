@@ -351,6 +351,8 @@ def test_checkpoint_default_keeps_the_tape_only_when_small():
     assert DiffFluid(1024, 8).slots == "recompute"  # 12 E R K float32 = 15.7 MiB per step
     assert DiffFluid(16, 8, checkpoint=True).slots == "recompute"
     assert DiffFluid(1024, 8, checkpoint=False).slots == "tape"
+    with pytest.raises(TypeError, match="checkpoint: expected True, False or None, got 'yes'"):
+        DiffFluid(4, 2, checkpoint="yes")
 
 
 def test_full_reset_starts_a_fresh_graph():

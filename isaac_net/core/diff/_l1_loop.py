@@ -3,9 +3,10 @@ r"""The K-slot loop of L1D (tau > 0) as one autograd node with a hand-written ba
 Autograd over ~50 tiny ops per slot spends most of its time in bookkeeping. This node
 runs the forward without a graph and keeps only ``served`` at the start of each slot
 (``[K, E, R]``, activation checkpointing per slot); its backward walks the slots in
-reverse, recomputes each slot's values from that checkpoint and applies the adjoint
-equations written below. It is checked
-against autograd of the same recursion (``model._l1_slot``) in float64 by the tests.
+reverse, recomputes each slot's values from that checkpoint (or, with ``keep_tape``,
+reads the values the forward kept) and applies the adjoint equations written below.
+It is checked against autograd of the same recursion (``model._l1_slot``) in float64 by
+the tests.
 
 Per slot ``k`` (``c`` is ``[E, R, A]``, cell quantities ``[E, 1]``, the rest ``[E, R]``):
 

@@ -221,8 +221,8 @@ class DiffFluid:
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
     :param compile: run each step through ``torch.compile`` (L1D and QAD; inductor fuses
-        the forward into one C++ kernel and the backward into a few). Compiled once per process, mode,
-        shape and dtype; the temperatures are tensor inputs, so annealing does not
+        the forward into one C++ kernel and the backward into a few). Compiled once per
+        process, mode, shape and dtype; the temperatures are tensor inputs, so annealing does not
         recompile. Warm-up: the first L1D step compiles K unrolled slots (about 3 min on
         one core with a cold inductor cache, under a minute with a warm one; the cache
         lives in ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``). At
@@ -248,6 +248,8 @@ class DiffFluid:
         self.tau = tau
         self.tau_n = tau_n
         self.compile = bool(compile)
+        if checkpoint not in (None, True, False):
+            raise TypeError(f"checkpoint: expected True, False or None, got {checkpoint!r}")
         if checkpoint is None:
             tape_bytes = 12 * E * R * self.cfg.num_slots * torch.finfo(dtype).bits // 8
             checkpoint = self.compile or tape_bytes > 4 * 2**20
