@@ -55,6 +55,7 @@ def _completion(served, log_cum, tau):
 
 
 TAPE = ("b", "db", "N", "dN", "sh", "H", "dH", "dsv", "se", "s1", "ds1")
+TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` before the slot
 
 
 def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
@@ -86,10 +87,11 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
     history, tape = [], []
     for _ in range(K):
         history.append(served)
-        v, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape)
+        values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape)
         if keep_tape:
-            tape.append(v)
-        tx = tx + v[0] * v[9]  # b smin(sh, 1)
+            tape.append(values)
+        v = dict(zip(TAPE, values, strict=True))
+        tx = tx + v["b"] * v["s1"]  # b smin(sh, 1)
         csum = csum + c
         c = _completion(served, log_cum, tau)
     return served, tx, csum, torch.stack(history), tape

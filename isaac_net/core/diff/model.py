@@ -19,7 +19,7 @@ import torch
 from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import relax
-from isaac_net.core.diff._l1_loop import L1SlotLoop
+from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
 
 MODES = ("L1", "QA")
 
@@ -251,7 +251,7 @@ class DiffFluid:
         if checkpoint not in (None, True, False):
             raise TypeError(f"checkpoint: expected True, False or None, got {checkpoint!r}")
         if checkpoint is None:
-            tape_bytes = 12 * E * R * self.cfg.num_slots * torch.finfo(dtype).bits // 8
+            tape_bytes = TENSORS_PER_SLOT * E * R * self.cfg.num_slots * torch.finfo(dtype).bits // 8
             checkpoint = self.compile or tape_bytes > 4 * 2**20
         # "recompute" / "tape": the slot loop's custom backward; "autograd" (set by the
         # benchmarks): autograd through every slot, the plain per-slot design.
