@@ -374,10 +374,38 @@ def test_advance_on_checked_inputs_equals_step():
     for _ in range(4):
         send = torch.rand(2, 3, generator=g, dtype=F64)
         ka = a.step(send, 20_000.0, pos=pos, tx_dbm=20.0, deadline=7.0)
-        kb = b.advance(send, *inputs)
+        kb = b.advance(send, inputs)
         for key in ka:
             torch.testing.assert_close(ka[key], kb[key], rtol=0, atol=0)
     assert float(ka["delivered"].sum()) > 0
+
+
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_advance_follows_the_temperature_its_inputs_were_not_built_at(mode):
+    """Inputs built once, then ``tau`` / ``tau_n`` annealed: the step uses the new temperatures
+    (survival and headroom recomputed), as ``step`` does; a stale ``StepInputs`` is refused by
+    ``fluid_step``."""
+    from isaac_net.core.diff.model import fluid_step
+
+    g = torch.Generator().manual_seed(5)
+    a, b = DiffFluid(2, 3, mode=mode, dtype=F64), DiffFluid(2, 3, mode=mode, dtype=F64)
+    inputs = b.inputs(150_000.0, snr_db=12.0, deadline=2.6)  # queues build up and time out
+    timeouts = 0.0
+    for tau, tau_n in ((0.05, None), (0.2, 0.5), (0.02, 0.1)):
+        for net in (a, b):
+            net.tau, net.tau_n = tau, tau_n
+        for _ in range(3):
+            send = torch.rand(2, 3, generator=g, dtype=F64)
+            ka = a.step(send, 150_000.0, snr_db=12.0, deadline=2.6)
+            kb = b.advance(send, inputs)
+            for key in ka:
+                torch.testing.assert_close(ka[key], kb[key], rtol=0, atol=0)
+            timeouts += float(ka["timeouts"].sum())
+    assert timeouts > 0.5
+    with pytest.raises(ValueError, match=r"inputs: built at \(tau, tau_n\) = \(0.05, 0.05\)"):
+        fluid_step(b.state, send, inputs, cfg=b.cfg, mode=mode, tau=0.02, tau_n=0.1)
+    with pytest.raises(TypeError, match="inputs: expected DiffFluid.inputs' StepInputs"):
+        b.advance(send, (20_000.0, 12.0))
 
 
 @pytest.mark.cuda

@@ -7,7 +7,7 @@ import torch
 from problems import DEVICES, random_scenario
 
 from isaac_net.core import CellConfig, make_engine
-from isaac_net.core.levels import KPI_KEYS
+from isaac_net.core.levels import KPI_KEYS, CudaGraphLevel
 
 F64 = torch.float64
 CFG = CellConfig()
@@ -261,12 +261,16 @@ def test_backend_choices():
         make_engine("L1", 1, 1, backend="cuda_graph")
 
 
-def _totals_on(level, s, dev, dtype=torch.float32):
-    """Rollout totals of one level on ``dev`` (float32: the CUDA path of the issue)."""
-    e = make_engine(level, s.E, s.R, dev, cfg=s.cfg, dtype=dtype, seed=0)
+def _totals_on(level, s, dev, dtype=torch.float32, *, engine=None, reset_at=None):
+    """Rollout totals of one level on ``dev`` (float32: the CUDA path of the issue).
+
+    ``reset_at``: restart env 0 before that step (the others keep their state)."""
+    e = make_engine(level, s.E, s.R, dev, cfg=s.cfg, dtype=dtype, seed=0) if engine is None else engine
     sd = s.to(dtype, dev)
     tot = {}
     for t in range(s.T):
+        if t == reset_at:
+            e.reset([0])
         k = e.step((sd.u[t] < sd.p).to(dtype), sd.B, snr_db=sd.snr_db, deadline=sd.deadline)
         for key in ("offered", "delivered", "timeouts", "overflow", "delay_sum", "energy_j"):
             tot[key] = tot.get(key, 0) + k[key]
@@ -287,3 +291,93 @@ def test_every_level_runs_on_cuda_in_float32(level, device="cuda"):
     if level != "L2-legacy":  # L2-legacy draws fading and BLER from the device's own generator
         for key in cpu:
             torch.testing.assert_close(gpu[key], cpu[key], rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- cuda_graph
+class Replayer:
+    """Stand-in for ``graphed.CudaGraphs`` on the CPU: "replay" runs the recorded step again and
+    writes into the outputs of the capture, as a replayed graph writes into its static outputs."""
+
+    @staticmethod
+    def warm_up(fn, n):
+        for _ in range(n):
+            fn()
+
+    @staticmethod
+    def capture(fn):
+        out = fn()
+
+        def replay():
+            for key, value in fn().items():
+                out[key].copy_(value)
+
+        return replay, out
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_graphed_step_keeps_its_state_in_static_buffers(level):
+    """The capture/replay logic of backend "cuda_graph" (static inputs, state copied back over
+    what the step read, warm-up undone, reset written in place), on the CPU: equal to eager."""
+    s = random_scenario(6)
+    eager = _totals_on(level, s, "cpu", F64, reset_at=7)
+    net = CudaGraphLevel(make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64, seed=0), graphs=Replayer)
+    graphed = _totals_on(level, s, "cpu", F64, engine=net, reset_at=7)
+    for key in eager:
+        torch.testing.assert_close(graphed[key], eager[key], rtol=0, atol=0)
+    assert net.t == s.T and float(eager["delivered"].sum()) > 0
+    # The KPIs handed out are copies: the next replay does not overwrite them.
+    sd = s.to(F64, "cpu")
+    k1 = net.step(torch.ones(s.E, s.R, dtype=F64), sd.B, snr_db=sd.snr_db)
+    before = {key: v.clone() for key, v in k1.items()}
+    net.step(torch.zeros(s.E, s.R, dtype=F64), sd.B, snr_db=sd.snr_db)
+    assert all(torch.equal(k1[key], before[key]) for key in k1)
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_capturable_step_has_no_host_sync_and_no_python_counter(level):
+    """What capture needs, checked without a GPU: the step runs on fake tensors (any
+    ``.item()``, ``bool(tensor)`` or ``nonzero`` would raise), and its arithmetic does not read
+    the Python step counter (scrambling it changes nothing)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    s = random_scenario(7)
+    net = make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64)
+    assert net.capturable
+    sd = s.to(F64, "cpu")
+    inputs = net.checked_inputs(torch.ones(s.E, s.R, dtype=F64), sd.B, snr_db=sd.snr_db, deadline=sd.deadline)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        net._step(*inputs)
+    reference = _totals_on(level, s, "cpu", F64)
+    scrambled = make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64, seed=0)
+    scrambled.step = _scrambling_step(scrambled)
+    out = _totals_on(level, s, "cpu", F64, engine=scrambled)
+    for key in reference:
+        torch.testing.assert_close(out[key], reference[key], rtol=0, atol=0)
+
+
+def _scrambling_step(net):
+    step = net.step
+
+    def scrambled(*args, **kwargs):
+        net.t = 10**6 + 7 * net.t  # any value: only t_now may enter the arithmetic
+        return step(*args, **kwargs)
+
+    return scrambled
+
+
+def test_l2_legacy_is_not_capturable():
+    net = make_engine("L2-legacy", 1, 2, seed=0)
+    assert not net.capturable
+    with pytest.raises(NotImplementedError, match="'L2-legacy' chooses work on the host"):
+        CudaGraphLevel(net, graphs=Replayer)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_cuda_graph_backend_equals_eager_on_cuda(level, device="cuda"):
+    s = random_scenario(5)
+    eager = _totals_on(level, s, device, reset_at=7)
+    net = make_engine(level, s.E, s.R, device, cfg=s.cfg, dtype=torch.float32, seed=0, backend="cuda_graph")
+    graphed = _totals_on(level, s, device, engine=net, reset_at=7)
+    for key in eager:  # the same kernels replayed: the same floats
+        torch.testing.assert_close(graphed[key], eager[key], rtol=0, atol=0)

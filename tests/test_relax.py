@@ -46,6 +46,24 @@ def test_fifo_remainder_hard_and_in_range():
     assert r.sum().item() == pytest.approx((cum[0] - relax.smin(cum[0], S, 0.05)).item(), rel=1e-12)
 
 
+@pytest.mark.parametrize("tau", [0.0, 0.02, 0.3])
+def test_fifo_serve_is_soft_ge_smin_and_fifo_remainder(tau):
+    """The one-pass FIFO service against its three definitions (``smin(cum, S) = cum c^tau``),
+    with empty slots (cum = 0) and a robot served nothing (S = 0) among the cases."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.where(torch.rand(4, 3, 6, generator=g, dtype=F64) < 0.3, 0.0,
+                    1e3 + 3e4 * torch.rand(4, 3, 6, generator=g, dtype=F64))
+    x[0, 0] = 0.0  # nothing queued
+    cum = x.flip(-1).cumsum(-1).flip(-1)
+    S = 5e4 * torch.rand(4, 3, 1, generator=g, dtype=F64)
+    S[1, 1] = 0.0  # served nothing
+    c, q, rest = relax.fifo_serve(x, cum, S, tau)
+    torch.testing.assert_close(c, relax.soft_ge(S, cum, tau), rtol=1e-12, atol=0)
+    torch.testing.assert_close(q, relax.smin(cum, S.expand_as(cum), tau), rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(rest, relax.fifo_remainder(x, cum, S, tau), rtol=1e-9, atol=1e-7)
+    assert bool((c[0, 0] == 1).all()) and bool((q[0, 0] == 0).all()) and bool((rest[1, 1] == x[1, 1]).all())
+
+
 def test_survival_cumulates_to_s_of_age():
     d = t(4.3).reshape(1, 1)
     keep = relax.survival(d, 6, 0.2)[0, 0]

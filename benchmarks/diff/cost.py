@@ -60,12 +60,15 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None)
     return {**out, "forward_s": min(fwd), "backward_s": min(bwd)}
 
 
-def discrete(level, E, R, T, dtype, device, x, repeats, seed) -> dict:
+def discrete(level, E, R, T, dtype, device, x, repeats, seed, backend="eager") -> dict:
     from isaac_net.core import make_engine
 
     times = []
     for _ in range(repeats):
-        eng = make_engine(level, E, R, device, dtype=dtype, seed=seed)
+        eng = make_engine(level, E, R, device, dtype=dtype, seed=seed, backend=backend)
+        if backend == "cuda_graph":  # capture at the first step, outside the timing
+            eng.step((x["u"][0] < x["p"]).to(dtype), x["B"], pos=x["pos"], tx_dbm=x["tx"])
+            eng.reset()
         _sync(device)
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -90,7 +93,8 @@ def measure(spec: dict) -> dict:
         r = relaxed(spec["name"], E, R, T, spec["tau"], spec["compile"], dtype, dev, x, spec["repeats"],
                     spec.get("slots"))
     else:
-        r = discrete(spec["name"], E, R, T, dtype, dev, x, spec["repeats"], spec["seed"])
+        r = discrete(spec["name"], E, R, T, dtype, dev, x, spec["repeats"], spec["seed"],
+                     spec.get("backend", "eager"))
     r["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     is_cuda = torch.device(dev).type == "cuda"
     r["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None
@@ -128,6 +132,9 @@ def _jobs(params: dict, device: str) -> list[dict]:
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
     jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
              for E in params["E"] for lv in levels for th in threads]
+    if device == "cuda":  # the captured step of the levels that have one
+        jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
+                  "backend": "cuda_graph"} for E in params["E"] for lv in levels if lv != "L2-legacy"]
     large = params.get("large")
     if large:
         jobs.append({"kind": "relaxed", "name": "L1", "E": large["E"], "T": large["T"], "compile": False,
@@ -137,7 +144,7 @@ def _jobs(params: dict, device: str) -> list[dict]:
 
 def _variant(job: dict) -> str:
     if job["kind"] == "discrete":
-        return "discrete"
+        return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
     if job.get("slots") == "autograd":
         return "per-slot autograd"
     return "compiled" if job["compile"] else "eager"

@@ -3,6 +3,9 @@
 Run with ``make bench`` (``pytest benchmarks/perf --benchmark-only``). Benchmarks, not
 timed tests: each records its target in ``extra_info`` and nothing fails when a shared
 machine is slow. Compare the eager and compiled rows of one run as ratios.
+
+``ISAAC_BENCH_DEVICE=cuda`` runs the same workloads on the GPU (float32; each timed call
+ends with a device synchronisation), with the discrete levels also as ``backend="cuda_graph"``.
 """
 
 from __future__ import annotations
@@ -18,15 +21,21 @@ from isaac_net.core.diff import DiffFluid, rollout
 from isaac_net.core.diff.reference import discrete_rollout
 
 R = 8
+DEVICE = os.environ.get("ISAAC_BENCH_DEVICE", "cpu")
+
+
+def _sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
 
 
 def _problem(E, seed=0):
     g = torch.Generator().manual_seed(seed)
-    p = torch.full((E, R), 0.4, requires_grad=True)
-    B = torch.where(torch.rand(E, R, generator=g) < 0.5, 4000.0, 30_000.0).requires_grad_()
-    tx = torch.full((E, R), 23.0, requires_grad=True)
-    pos = (40 + 100 * torch.rand(E, R, 2, generator=g)).requires_grad_()
-    return p, B, tx, pos
+    p = torch.full((E, R), 0.4)
+    B = torch.where(torch.rand(E, R, generator=g) < 0.5, 4000.0, 30_000.0)
+    tx = torch.full((E, R), 23.0)
+    pos = 40 + 100 * torch.rand(E, R, 2, generator=g)
+    return tuple(x.to(DEVICE).requires_grad_() for x in (p, B, tx, pos))
 
 
 def _fwd_bwd(net, T, p, B, tx, pos):
@@ -34,12 +43,13 @@ def _fwd_bwd(net, T, p, B, tx, pos):
     net.detach()
     k = rollout(net, T, p, B, pos=pos, tx_dbm=tx)
     (k["mean_delay"] + 0.5 * k["mean_aoi"] + 50.0 * k["mean_energy_j"]).backward()
+    _sync()
     return k
 
 
 def _info(benchmark, **kw):
     benchmark.extra_info.update(
-        torch_threads=torch.get_num_threads(), load_avg_1min=os.getloadavg()[0],
+        device=DEVICE, torch_threads=torch.get_num_threads(), load_avg_1min=os.getloadavg()[0],
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, torch=torch.__version__, **kw,
     )
 
@@ -54,7 +64,7 @@ def one_thread():
 def test_l1d_e16(benchmark, variant):
     """The bar: compiled under a seventh of per-slot autograd (the seed's design) and 0.1 s."""
     args = _problem(16)
-    net = DiffFluid(16, R, mode="L1", tau=0.05, compile=variant == "compiled",
+    net = DiffFluid(16, R, DEVICE, mode="L1", tau=0.05, compile=variant == "compiled",
                     checkpoint=variant == "eager-checkpoint" or None)
     if variant == "per-slot-autograd":
         net.slots = "autograd"
@@ -67,7 +77,7 @@ def test_l1d_e16(benchmark, variant):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_l1d_e64(benchmark, compiled):
     args = _problem(64)
-    net = DiffFluid(64, R, mode="L1", tau=0.05, compile=compiled)
+    net = DiffFluid(64, R, DEVICE, mode="L1", tau=0.05, compile=compiled)
     _fwd_bwd(net, 60, *args)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
     _info(benchmark, slots=net.slots, target_s=0.3 if compiled else None)
@@ -77,28 +87,39 @@ def test_l1d_e64(benchmark, compiled):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_qad_e64(benchmark, compiled):
     args = _problem(64)
-    net = DiffFluid(64, R, mode="QA", tau=0.05, compile=compiled)
+    net = DiffFluid(64, R, DEVICE, mode="QA", tau=0.05, compile=compiled)
     _fwd_bwd(net, 60, *args)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
     _info(benchmark, target_s=0.05 if not compiled else None)
 
 
+def _discrete(level, T, p, B, **kw):
+    out = discrete_rollout(level, T, p, B, **kw)
+    _sync()
+    return out
+
+
 @pytest.mark.benchmark(group="discrete E=64 T=200")
+@pytest.mark.parametrize("backend", ["eager", "cuda_graph"])
 @pytest.mark.parametrize("level", ["L1", "QA"])
-def test_discrete(benchmark, level):
+def test_discrete(benchmark, level, backend):
+    if backend == "cuda_graph" and DEVICE == "cpu":
+        pytest.skip("backend cuda_graph: CUDA only (ISAAC_BENCH_DEVICE=cuda)")
     p, B, tx, pos = (x.detach() for x in _problem(64))
-    engine = make_engine(level, 64, R, dtype=torch.float32)
-    u = torch.rand(200, 64, R, generator=torch.Generator().manual_seed(1))
+    engine = make_engine(level, 64, R, DEVICE, dtype=torch.float32, backend=backend)
+    u = torch.rand(200, 64, R, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     kw = dict(pos=pos, tx_dbm=tx, u=u, engine=engine)
-    benchmark.pedantic(discrete_rollout, args=(level, 200, p, B), kwargs=kw, rounds=3, iterations=1)
-    _info(benchmark, target_s=1.0)
+    _discrete(level, 200, p, B, **kw)  # warm-up (capture, for cuda_graph)
+    benchmark.pedantic(_discrete, args=(level, 200, p, B), kwargs=kw, rounds=3, iterations=1)
+    _info(benchmark, target_s=1.0, backend=backend)
 
 
 @pytest.mark.benchmark(group="L1D E=1024 T=200 fwd+bwd")
 def test_l1d_e1024_memory(benchmark):
     args = _problem(1024)
-    net = DiffFluid(1024, R, mode="L1", tau=0.05)  # eager; the default checkpoints the slot loop here
+    net = DiffFluid(1024, R, DEVICE, mode="L1", tau=0.05)  # eager; the default checkpoints the slot loop here
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     benchmark.pedantic(_fwd_bwd, args=(net, 200, *args), rounds=1, iterations=1, warmup_rounds=1)
     _info(benchmark, target_peak_gb=8.0, slots=net.slots,
+          peak_cuda_mb=torch.cuda.max_memory_allocated() / 2**20 if DEVICE != "cpu" else None,
           peak_rss_growth_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024)

@@ -49,9 +49,14 @@ def _smax1(x, tau, deriv: bool = True):
     return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, 0.0)
 
 
+def _flip_dims(t: torch.Tensor) -> torch.Tensor:
+    """``[E, R, A]`` <-> ``[A, R, E]`` and ``[E, R]`` <-> ``[R, E]`` (contiguous): the loop's layout."""
+    return t.permute(tuple(range(t.dim()))[::-1]).contiguous()
+
+
 def _completion(served, log_cum, tau):
-    """``c = sigmoid(log(served) / tau - log(cum) / tau)`` ``[E, R, A]`` from ``served`` ``[E, R]``."""
-    return torch.sigmoid(_log_pos(served).unsqueeze(-1) / tau - log_cum)
+    """``c = sigmoid(log(served) / tau - log(cum) / tau)`` ``[A, R, E]`` from ``served`` ``[R, E]``."""
+    return torch.sigmoid(_log_pos(served) / tau - log_cum)
 
 
 TAPE = ("b", "db", "N", "dN", "sh", "H", "dH", "dsv", "se", "s1", "ds1")
@@ -61,9 +66,9 @@ TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` bef
 def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
     """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
     without ``deriv``) and ``served`` after it."""
-    m = (w * (1.0 - c)).sum(-1)
+    m = (w * (1.0 - c)).sum(0)
     b, db = _smin1(m, tau, deriv)
-    N, dN = _smax1(b.sum(-1, keepdim=True), tau, deriv)
+    N, dN = _smax1(b.sum(0, keepdim=True), tau, deriv)
     sh = num_subbands / N
     H, dH = _smax1(sh, tau, deriv)
     q = torch.log2(1.0 + snr_lin / H)
@@ -117,21 +122,21 @@ def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, 
         z_bar = c_bar * c * (1.0 - c)
         glc = glc - z_bar
         live = served > _tiny(served)
-        s_bar = s_bar + torch.where(live, z_bar.sum(-1) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
+        s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
         # tx += b smin(sh, 1);  served += kappa sh se
         b_bar = t_bar * s1
-        sh_bar = (t_bar * b).sum(-1, keepdim=True) * ds1 + kappa * (s_bar * se).sum(-1, keepdim=True)
+        sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
         q_bar = s_bar * (kappa * sh) * dsv
         # q = log2(1 + snr / H)
         common = q_bar / (LN2 * (H + snr_lin))
         gsnr = gsnr + common
-        sh_bar = sh_bar - (common * snr_lin / H).sum(-1, keepdim=True) * dH
+        sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
         # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(m, 1)
         n_bar = -sh_bar * sh / N * dN
         m_bar = (b_bar + n_bar) * db
         # m = sum_a w_a (1 - c_a);  csum += c
-        gw = gw + m_bar.unsqueeze(-1) * (1.0 - c_prev)
-        c_bar = cs_bar - m_bar.unsqueeze(-1) * w
+        gw = gw + m_bar * (1.0 - c_prev)
+        c_bar = cs_bar - m_bar * w
         c, served = c_prev, served_before[k]
     return gw, glc, gsnr
 
@@ -148,19 +153,20 @@ class L1SlotLoop(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, keep_tape=False):
         consts = (tau, K, num_subbands, se_max, kappa)
+        w, log_cum, snr_lin, c0 = (_flip_dims(t) for t in (w, log_cum, snr_lin, c0))
         served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, *consts, keep_tape)
         ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, *(t for v in tape for t in v))
         ctx.consts = consts
-        return served, tx, csum
+        return _flip_dims(served), _flip_dims(tx), _flip_dims(csum)
 
     @staticmethod
     def backward(ctx, g_served, g_tx, g_csum):
         w, log_cum, snr_lin, c0, served_before, served_K, *flat = ctx.saved_tensors
         n = len(TAPE)
         tape = [flat[i:i + n] for i in range(0, len(flat), n)]
-        g_served = torch.zeros_like(snr_lin) if g_served is None else g_served
-        g_tx = torch.zeros_like(snr_lin) if g_tx is None else g_tx
-        g_csum = torch.zeros_like(c0) if g_csum is None else g_csum
+        g_served = torch.zeros_like(snr_lin) if g_served is None else _flip_dims(g_served)
+        g_tx = torch.zeros_like(snr_lin) if g_tx is None else _flip_dims(g_tx)
+        g_csum = torch.zeros_like(c0) if g_csum is None else _flip_dims(g_csum)
         gw, glc, gsnr = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx,
                                   g_csum, *ctx.consts)
-        return gw, glc, gsnr, None, None, None, None, None, None, None
+        return _flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), None, None, None, None, None, None, None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 
 import torch
 
@@ -71,7 +72,8 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
-        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]``, and ``cum``.
+        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]`` and the bytes
+        left per message ``rest`` ``[E, R, A]``.
     """
     K = cfg.num_slots
     cum = _fifo_cum(x)
@@ -92,7 +94,6 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
         else:
             keep_tape = slots == "tape"
             served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, tau, K, *consts, keep_tape)
-        c = relax.soft_ge(served.unsqueeze(-1), cum, tau)  # c_K again, exact at cum = 0
     else:
         for _ in range(K):
             busy = relax.soft_busy(w_sum - (w * c).sum(-1), tau)
@@ -103,56 +104,103 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
             tx_frac = tx_frac + busy * relax.smin(share, 1.0, tau)
             c_sum = c_sum + c
             c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+    c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
     # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
     fin = c - c_sum / K
-    return c, fin, served, tx_frac * cfg.slot_s, cum
+    return c, fin, served, tx_frac * cfg.slot_s, rest
 
 
-def _service_qa(x, w, mass_before, snr_lin, cfg: CellConfig, tau: float, tau_n: float):
-    """QAD: one processor-sharing interval per step with PF gain, headroom cap and SR offset."""
+def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
+    """QAD's per-robot subband cap ``smax(floor_tau_n(snr / snr_req), 1)`` ``[E, R]`` (headroom)."""
+    req_lin = 10.0 ** (cfg.qa_snr_req_db / 10.0)
+    return relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
+
+
+def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
+    """QAD: one processor-sharing interval per step with PF gain, headroom cap ``m`` and SR offset.
+
+    :output: as ``_service_l1``.
+    """
     cum = _fifo_cum(x)
-    total = cum[..., 0]
     busy = relax.soft_busy(w.sum(-1), tau)  # [E, R]
     n = busy.sum(-1, keepdim=True)
     share = cfg.num_subbands / relax.smax(n, 1.0, tau)
-    req_lin = 10.0 ** (cfg.qa_snr_req_db / 10.0)
-    m = relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
-    alloc = relax.smin(share.expand_as(m), m, tau)
+    if relax.is_hard(tau):
+        alloc = torch.minimum(share, m)
+    else:  # smin(share, m) = m smin(share / m, 1): both > 0 (m >= 1), so no guard for zeros
+        alloc = m * relax.smin_const(share / m, 1.0, tau)
     gain = relax.harmonic(n)
     se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.subband_hz / 8.0  # B/s while backlogged
     # With no robot backlogged (n = 0, G = 0) the rate is 0 and nothing is queued: avoid 0/0.
-    rate = torch.where(rate > 0, rate, torch.ones_like(rate))
+    rate = torch.where(rate > 0, rate, 1.0)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
     served = rate * avail_s
-    c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
-    finish_s = sr_s.unsqueeze(-1) + relax.smin(cum, served.unsqueeze(-1), tau) / rate.unsqueeze(-1)
+    c, q, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # q: bytes served up to each message
+    finish_s = sr_s.unsqueeze(-1) + q / rate.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    tx_s = busy * relax.smin(alloc, 1.0, tau) * relax.smin(total, served, tau) / rate
-    return c, fin, served, tx_s, cum
+    tx_s = busy * relax.smin(alloc, 1.0, tau) * q[..., 0] / rate  # q[..., 0] = smin(total, served)
+    return c, fin, served, tx_s, rest
 
 
-def fluid_step(state: FluidState, send, msg_bytes, snr_db, tx_dbm, deadline, *,
-               cfg: CellConfig, mode: str, tau: float, tau_n: float, compiled: bool = False,
-               slots: str = "recompute"):
+class StepInputs(typing.NamedTuple):
+    """The per-step inputs of a rollout, checked once and turned into what the step uses.
+
+    Built by :meth:`DiffFluid.inputs`; ``keep`` and ``headroom`` depend on the temperatures
+    ``temps = (tau, tau_n)`` they were computed at (``DiffFluid.advance`` recomputes them when
+    the model's temperatures have changed since).
+    """
+
+    msg_bytes: torch.Tensor  # [E, R] bytes
+    snr_lin: torch.Tensor  # [E, R] linear SNR
+    tx_w: torch.Tensor  # [E, R] transmit power, W
+    deadline: torch.Tensor  # [E, R] control steps
+    keep: torch.Tensor  # [E, R, A] per-step survival at each age (tau_n)
+    headroom: torch.Tensor | None  # [E, R] QAD's subband cap; None for L1D
+    temps: tuple  # (tau, tau_n) of keep and headroom
+
+    @classmethod
+    def build(cls, msg_bytes, snr_db, tx_dbm, deadline, *, cfg: CellConfig, mode: str, tau: float,
+              tau_n: float) -> "StepInputs":
+        snr_lin = radio.db_to_lin(snr_db)
+        return cls(msg_bytes, snr_lin, radio.dbm_to_w(tx_dbm), deadline,
+                   *cls._derived(snr_lin, deadline, cfg, mode, tau, tau_n), (tau, tau_n))
+
+    def at(self, tau: float, tau_n: float, *, cfg: CellConfig, mode: str) -> "StepInputs":
+        """These inputs with ``keep`` and ``headroom`` at the temperatures ``(tau, tau_n)``."""
+        if self.temps == (tau, tau_n):
+            return self
+        keep, headroom = self._derived(self.snr_lin, self.deadline, cfg, mode, tau, tau_n)
+        return self._replace(keep=keep, headroom=headroom, temps=(tau, tau_n))
+
+    @staticmethod
+    def _derived(snr_lin, deadline, cfg: CellConfig, mode: str, tau: float, tau_n: float) -> tuple:
+        keep = relax.survival(deadline, cfg.timeout_steps, tau_n)
+        return keep, (qa_headroom(snr_lin, cfg, tau, tau_n) if mode == "QA" else None)
+
+
+def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, mode: str, tau: float,
+               tau_n: float, compiled: bool = False, slots: str = "recompute"):
     """One control step of L1D or QAD as a pure function of the state.
 
-    :input send: ``[E, R]`` send weight in [0, 1]; :input msg_bytes: ``[E, R]`` bytes;
-    :input snr_db, tx_dbm, deadline: ``[E, R]``.
+    :input send: ``[E, R]`` send weight in [0, 1]; :input inputs: the step's other inputs,
+        at the temperatures ``(tau, tau_n)``.
     :param compiled: run the step through ``torch.compile`` (both temperatures must be > 0;
         at 0 the hard operations run eager).
     :param slots: how L1D's slot loop is differentiated (see ``_service_l1``).
     :output: ``(next_state, kpis)``, kpis ``[E, R]`` as expectations.
     """
+    if inputs.temps != (tau, tau_n):
+        raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
+    tensors = (state.x, state.w, state.aoi, send, inputs.msg_bytes, inputs.snr_lin, inputs.tx_w, inputs.keep,
+               inputs.headroom)
     if compiled and tau > 0 and tau_n > 0:
         x = state.x
         temps = torch.tensor([tau, tau_n], dtype=x.dtype, device=x.device)
-        out = _compiled_step(mode, slots)(x, state.w, state.aoi, send, msg_bytes, snr_db, tx_dbm, deadline,
-                                          temps[0], temps[1], cfg)
+        out = _compiled_step(mode, slots)(*tensors, temps[0], temps[1], cfg)
     else:
-        out = _step(state.x, state.w, state.aoi, send, msg_bytes, snr_db, tx_dbm, deadline, tau, tau_n, cfg,
-                    mode, slots)
+        out = _step(*tensors, tau, tau_n, cfg, mode, slots)
     x, w, aoi, *values = out
     return FluidState(x, w, aoi), dict(zip(KPIS, values, strict=True))
 
@@ -170,9 +218,9 @@ def _compiled_step(mode: str, slots: str):
     return _COMPILED_STEPS[key]
 
 
-def _step(x, w, aoi, send, msg_bytes, snr_db, tx_dbm, deadline, tau, tau_n, cfg: CellConfig, mode: str,
+def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig, mode: str,
           slots: str = "recompute"):
-    """The step on plain tensors: ``(x, w, aoi, *kpis in KPIS order)``."""
+    """The step on plain tensors (``StepInputs``' fields): ``(x, w, aoi, *kpis in KPIS order)``."""
     A = x.shape[-1]
 
     # 1. Capture into the youngest slot; the buffer limit acts on the soft message count.
@@ -181,35 +229,31 @@ def _step(x, w, aoi, send, msg_bytes, snr_db, tx_dbm, deadline, tau, tau_n, cfg:
     w0 = send * admit
     w = torch.cat([w0.unsqueeze(-1), w[..., 1:]], dim=-1)
     x = torch.cat([(w0 * msg_bytes).unsqueeze(-1), x[..., 1:]], dim=-1)
-    overflow = send * (1.0 - admit)
+    overflow = send - w0  # send (1 - admit)
 
     # 2. Service.
-    snr_lin = radio.db_to_lin(snr_db)
     if mode == "L1":
-        c, fin, served, tx_s, cum = _service_l1(x, w, snr_lin, cfg, tau, slots)
+        c, fin, served, tx_s, rest = _service_l1(x, w, snr_lin, cfg, tau, slots)
     else:
-        c, fin, served, tx_s, cum = _service_qa(x, w, mass_before, snr_lin, cfg, tau, tau_n)
+        c, fin, served, tx_s, rest = _service_qa(x, w, mass_before, snr_lin, headroom, cfg, tau)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)
     done = w * c  # delivered mass per age slot
     delivered = done.sum(-1)
     delay_sum = (done * ages + w * fin).sum(-1)
-    x = relax.fifo_remainder(x, cum, served.unsqueeze(-1), tau)
+    x = rest
     w = w - done
 
-    # 3. AoI: the freshest delivered message (youngest slot first) sets it.
-    not_done = 1.0 - done
-    before = torch.cumprod(torch.cat([torch.ones_like(not_done[..., :1]), not_done[..., :-1]], -1), -1)
-    aoi = (done * before * (ages + 1.0)).sum(-1) + (aoi + 1.0) * before[..., -1] * not_done[..., -1]
+    # 3. AoI: the freshest delivered message (youngest slot first) sets it; none delivered: it ages.
+    none_yet = torch.cumprod(1.0 - done, -1)  # no delivery among ages 0..a
+    before = torch.nn.functional.pad(none_yet[..., :-1], (1, 0), value=1.0)  # ... among ages < a
+    aoi = (done * before * (ages + 1.0)).sum(-1) + (aoi + 1.0) * none_yet[..., -1]
 
-    # 4. Ageing and timeout, then the shift by one slot.
-    keep = relax.survival(deadline, A, tau_n)
-    timeouts = (w * (1.0 - keep)).sum(-1)
-    w = w * keep
-    x = x * keep
-    zero = torch.zeros_like(w[..., :1])
-    w = torch.cat([zero, w[..., :-1]], dim=-1)
-    x = torch.cat([zero, x[..., :-1]], dim=-1)
-    energy_j = radio.dbm_to_w(tx_dbm) * tx_s
+    # 4. Ageing and timeout, then the shift by one slot (the youngest slot empty for the next capture).
+    kept = w * keep
+    timeouts = (w - kept).sum(-1)
+    w = torch.nn.functional.pad(kept[..., :-1], (1, 0))
+    x = torch.nn.functional.pad((x * keep)[..., :-1], (1, 0))
+    energy_j = tx_w * tx_s
     return x, w, aoi, send, delivered, delay_sum, timeouts, overflow, aoi, energy_j, w.sum(-1)
 
 
@@ -317,13 +361,15 @@ class DiffFluid:
         """
         send = _validate.per_robot(send, "send", self.E, self.R, self.dtype, self.device)
         _validate.check_range(send, "send", 0.0, 1.0, "send weights in [0, 1]")
-        return self.advance(send, *self.inputs(msg_bytes, snr_db, pos, tx_dbm, deadline))
+        return self.advance(send, self.inputs(msg_bytes, snr_db, pos, tx_dbm, deadline))
 
-    def inputs(self, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> tuple:
-        """Check the per-step inputs once: ``(msg_bytes, snr_db, tx_dbm, deadline)``, each ``[E, R]``.
+    def inputs(self, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> StepInputs:
+        """Check the per-step inputs once and derive what the step uses (:class:`StepInputs`).
 
-        ``pos`` goes through the radio model here, so a rollout with constant positions
-        computes (and differentiates) the path loss once rather than at every step.
+        A rollout with constant inputs does this once rather than at every step: ``pos``
+        goes through the radio model, the deadlines become per-age survival factors and,
+        for QAD, the SNR becomes the headroom cap; each is computed (and differentiated)
+        once per rollout.
         """
         E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
         msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
@@ -331,14 +377,20 @@ class DiffFluid:
             raise ValueError("msg_bytes: expected sizes > 0 bytes")
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
-        return msg_bytes, snr, tx, dl
+        return StepInputs.build(msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode, tau=self.tau,
+                                tau_n=self.tau_n)
 
-    def advance(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
-        """``step`` on inputs already checked by :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).
+    def advance(self, send, inputs: StepInputs) -> dict:
+        """``step`` on inputs from :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).
 
-        No checks: the loop of ``rollout``, where the inputs are checked once.
+        No checks: the loop of ``rollout``, where the inputs are checked once. If ``tau`` or
+        ``tau_n`` changed since ``inputs`` was built, its temperature-dependent parts are
+        recomputed for this step.
         """
-        self.state, kpis = fluid_step(self.state, send, msg_bytes, snr_db, tx_dbm, deadline, cfg=self.cfg,
+        if not isinstance(inputs, StepInputs):
+            raise TypeError(f"inputs: expected DiffFluid.inputs' StepInputs, got {type(inputs).__name__}")
+        inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
+        self.state, kpis = fluid_step(self.state, send, inputs, cfg=self.cfg,
                                       mode=self.mode, tau=self.tau, tau_n=self.tau_n, compiled=self.compile,
                                       slots=self.slots)
         return kpis

@@ -43,8 +43,10 @@ def smin_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
     """``smin(a, b)`` for a constant ``b > 0`` and ``tau > 0`` (float or 0-dim tensor).
 
     Written as ``b smin(a / b, 1) = b exp(-tau softplus((log b - log a) / tau))``: one
-    softplus instead of a logaddexp of two tensors.
+    softplus instead of a logaddexp of two tensors (and no ``log b``, ``b *`` at ``b = 1``).
     """
+    if b == 1.0:
+        return torch.exp(-tau * torch.nn.functional.softplus(_log_pos(a) / -tau))
     return b * torch.exp(-tau * torch.nn.functional.softplus((math.log(b) - _log_pos(a)) / tau))
 
 
@@ -53,6 +55,8 @@ def smax_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
 
     ``b exp(tau softplus((log a - log b) / tau))``.
     """
+    if b == 1.0:
+        return torch.exp(tau * torch.nn.functional.softplus(_log_pos(a) / tau))
     return b * torch.exp(tau * torch.nn.functional.softplus((_log_pos(a) - math.log(b)) / tau))
 
 
@@ -74,7 +78,7 @@ def smin(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
     if is_hard(tau):
         return torch.minimum(a, b)
     out = torch.exp(-tau * torch.logaddexp(-_log_pos(a) / tau, -_log_pos(b) / tau))
-    return torch.where((a > 0) & (b > 0), out, torch.zeros_like(out))
+    return torch.where((a > 0) & (b > 0), out, 0.0)
 
 
 def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
@@ -106,7 +110,7 @@ def soft_ge(served: torch.Tensor, cum: torch.Tensor, tau: float) -> torch.Tensor
     if is_hard(tau):
         return (served >= cum).to(cum.dtype)
     c = torch.sigmoid((_log_pos(served) - _log_pos(cum)) / tau)
-    return torch.where(cum <= 0, torch.ones_like(c), torch.where(served <= 0, torch.zeros_like(c), c))
+    return torch.where(cum <= 0, 1.0, torch.where(served <= 0, 0.0, c))
 
 
 def fifo_remainder(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau: float) -> torch.Tensor:
@@ -124,6 +128,33 @@ def fifo_remainder(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau
     if is_hard(tau):
         return torch.where(served >= cum, torch.zeros_like(x), torch.where(prev < served, cum - served, x))
     return x - (smin(cum, served, tau) - smin(prev, served, tau))
+
+
+def fifo_serve(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau) -> tuple:
+    r"""FIFO service of ``served`` bytes in one pass: completion, bytes served, remainder (relative).
+
+    :input x: ``[..., A]`` bytes per message; :input cum: ``[..., A]`` bytes queued up to and
+    including each message (FIFO order, so the next older message's ``cum`` is ``cum - x``);
+    :input served: ``[..., 1]``.
+    :output: ``(c, q, rest)``, each ``[..., A]``: ``c = soft_ge(served, cum)``, the bytes of
+    the FIFO prefix served ``q = smin(cum, served)`` and ``rest = fifo_remainder(x, cum, served)``.
+
+    With ``z = (log S - log cum) / tau`` and ``c = sigmoid(z)``,
+    ``smin(cum, S) = cum (1 + (cum / S)^{1/tau})^{-tau} = cum c^tau``; and the next older
+    message's prefix is ``smin(cum - x, S)``, that message's ``q``. So one logsigmoid gives all
+    three, where ``soft_ge`` and two ``fifo_remainder`` soft minima need three
+    ``logaddexp`` passes over ``[..., A]`` (same values to rounding; a test checks them).
+    """
+    if is_hard(tau):
+        return soft_ge(served, cum, tau), torch.minimum(cum, served), fifo_remainder(x, cum, served, tau)
+    log_c = torch.nn.functional.logsigmoid((_log_pos(served) - _log_pos(cum)) / tau)
+    # Nothing queued is complete (c = 1, q = 0); nothing served leaves the rest queued (c = 0).
+    log_c = torch.where(served > 0, log_c, -math.inf)
+    log_c = torch.where(cum > 0, log_c, 0.0)
+    c = torch.exp(log_c)
+    q = cum * torch.exp(tau * log_c)
+    q_older = torch.nn.functional.pad(q[..., 1:], (0, 1))  # next older message's prefix; 0 past the oldest
+    return c, q, x - (q - q_older)
 
 
 def step_add(z: torch.Tensor, tau: float) -> torch.Tensor:

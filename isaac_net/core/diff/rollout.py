@@ -52,5 +52,5 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
             send = relax.relaxed_bernoulli(p, u[t], lam)
         else:
             send = (u[t] < p).to(dt)
-        acc.add(net.advance(send, *step_inputs))
+        acc.add(net.advance(send, step_inputs))
     return acc.result()

@@ -74,6 +74,9 @@ class DiscreteLevel:
     """
 
     name = "?"
+    # The step can be captured in a CUDA graph (backend "cuda_graph", levels/graphed.py): no
+    # host-side branch on tensor values and no Python step counter in its arithmetic.
+    capturable = False
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None,
                  dtype: torch.dtype = torch.float32, seed: int | None = None):
@@ -88,6 +91,9 @@ class DiscreteLevel:
         self.seed = seed
         F = self.cfg.buffer_msgs
         self.t = 0
+        # The step counter again, on the device: the step's tensor arithmetic reads this one, so
+        # a captured step (backend "cuda_graph") stays right at every later t.
+        self.t_now = torch.zeros((), dtype=torch.long, device=self.device)
         self.queue = Queue(
             bytes=torch.zeros(E, R, F, dtype=dtype, device=self.device),
             gen=torch.zeros(E, R, F, dtype=torch.long, device=self.device),
@@ -114,8 +120,27 @@ class DiscreteLevel:
             gen=torch.where(m3, torch.zeros_like(q.gen), q.gen),
             length=torch.where(mask[:, None], torch.zeros_like(q.length), q.length),
         )
-        self.fresh_gen = torch.where(mask[:, None], torch.full_like(self.fresh_gen, self.t), self.fresh_gen)
+        self.fresh_gen = torch.where(mask[:, None], self.t_now, self.fresh_gen)
         self._reset_level(mask)
+
+    def state(self) -> dict:
+        """The tensors that carry the state from one step to the next (base and level), by name."""
+        q = self.queue
+        return {"bytes": q.bytes, "gen": q.gen, "length": q.length, "fresh_gen": self.fresh_gen,
+                "t_now": self.t_now, **self._level_state()}
+
+    def load_state(self, state: dict) -> None:
+        """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
+        self.queue = Queue(bytes=state["bytes"], gen=state["gen"], length=state["length"])
+        self.fresh_gen, self.t_now = state["fresh_gen"], state["t_now"]
+        self._load_level_state(state)
+
+    def _level_state(self) -> dict:
+        """Level-specific state tensors by name (none by default)."""
+        return {}
+
+    def _load_level_state(self, state: dict) -> None:
+        """Point the level-specific state at ``state``'s tensors."""
 
     def step(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> dict:
         """Advance every env by one control step.
@@ -128,6 +153,12 @@ class DiscreteLevel:
         :input deadline: ``[E, R]`` whole control steps in ``[1, timeout_steps]``.
         :output: dict of ``[E, R]`` tensors, keys ``KPI_KEYS``.
         """
+        with torch.no_grad():
+            return self._step(*self.checked_inputs(send, msg_bytes, snr_db, pos, tx_dbm, deadline))
+
+    def checked_inputs(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> tuple:
+        """``step``'s inputs checked and resolved: ``(send, msg_bytes, snr_db, tx_dbm, deadline)``,
+        each ``[E, R]`` (send bool, deadline long)."""
         E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
         if isinstance(send, torch.Tensor) and send.dtype == torch.bool:
             send = send.to(dt)
@@ -141,12 +172,11 @@ class DiscreteLevel:
             raise ValueError("msg_bytes: expected sizes > 0 bytes")
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=True).long()
-        with torch.no_grad():
-            return self._step(send.bool(), msg_bytes, snr, tx, dl)
+        return send.bool(), msg_bytes, snr, tx, dl
 
     # ------------------------------------------------------------------ core
     def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
-        cfg, q, t, dt = self.cfg, self.queue, self.t, self.dtype
+        cfg, q, t, t_now, dt = self.cfg, self.queue, self.t, self.t_now, self.dtype
         F = cfg.buffer_msgs
         slots = torch.arange(F, device=self.device)
 
@@ -158,7 +188,7 @@ class DiscreteLevel:
         at_tail = captured.unsqueeze(-1) & (slots == q.length.unsqueeze(-1))
         q = Queue(
             bytes=torch.where(at_tail, msg_bytes.unsqueeze(-1), q.bytes),
-            gen=torch.where(at_tail, torch.full_like(q.gen, t), q.gen),
+            gen=torch.where(at_tail, t_now, q.gen),
             length=q.length + captured.long(),
         )
 
@@ -168,23 +198,24 @@ class DiscreteLevel:
         svc = self._serve(q, ctx)
         valid = q.valid
         done = svc.done & valid
-        age = (t - q.gen).to(dt)
+        age = (t_now - q.gen).to(dt)
         delay = torch.where(done, age + svc.finish_s / cfg.step_s, torch.zeros_like(age))
         fresh = torch.where(done, q.gen, torch.full_like(q.gen, -(2**62))).amax(-1)
         self.fresh_gen = torch.maximum(self.fresh_gen, fresh)
 
         # 3. Ageing and timeout: a message whose new age reaches the deadline is dropped.
         alive = valid & ~done
-        timed_out = alive & ((t - q.gen + 1) >= deadline.unsqueeze(-1))
+        timed_out = alive & ((t_now - q.gen + 1) >= deadline.unsqueeze(-1))
         if svc.lost is not None:
             timed_out = timed_out | (alive & svc.lost)
         keep = alive & ~timed_out
         self.queue = _compact(Queue(bytes=torch.where(keep, svc.remaining, torch.zeros_like(q.bytes)),
                                     gen=q.gen, length=q.length), keep)
         self.t = t + 1
+        self.t_now = t_now + 1
 
         # 4.-5. AoI at the end of the step, and transmit energy.
-        aoi = (self.t - self.fresh_gen).to(dt)
+        aoi = (self.t_now - self.fresh_gen).to(dt)
         energy_j = radio.dbm_to_w(tx_dbm) * svc.tx_time_s
         return {
             "offered": send.to(dt),

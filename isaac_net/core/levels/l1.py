@@ -15,6 +15,7 @@ class NetFluid(DiscreteLevel):
     """
 
     name = "L1"
+    capturable = True
 
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
         cfg = self.cfg

@@ -16,6 +16,7 @@ class NetQA(DiscreteLevel):
     """
 
     name = "QA"
+    capturable = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
