@@ -57,11 +57,22 @@ def test_fifo_serve_is_soft_ge_smin_and_fifo_remainder(tau):
     cum = x.flip(-1).cumsum(-1).flip(-1)
     S = 5e4 * torch.rand(4, 3, 1, generator=g, dtype=F64)
     S[1, 1] = 0.0  # served nothing
-    c, q, rest = relax.fifo_serve(x, cum, S, tau)
+    c, frac, rest = relax.fifo_serve(x, cum, S, tau)
     torch.testing.assert_close(c, relax.soft_ge(S, cum, tau), rtol=1e-12, atol=0)
-    torch.testing.assert_close(q, relax.smin(cum, S.expand_as(cum), tau), rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(frac * S, relax.smin(cum, S.expand_as(cum), tau), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(rest, relax.fifo_remainder(x, cum, S, tau), rtol=1e-9, atol=1e-7)
-    assert bool((c[0, 0] == 1).all()) and bool((q[0, 0] == 0).all()) and bool((rest[1, 1] == x[1, 1]).all())
+    assert bool((c[0, 0] == 1).all()) and bool((frac[0, 0] == 0).all()) and bool((frac[1, 1] == 0).all())
+    assert bool((rest[1, 1] == x[1, 1]).all()) and bool(((frac >= 0) & (frac <= 1)).all())
+
+
+def test_fifo_serve_share_has_a_finite_gradient_at_a_tiny_rate():
+    """The QAD finish time ``frac * interval`` replaced ``smin(cum, S) / rate``, whose gradient
+    overflowed (``rate**2`` underflows in float32) when no robot was backlogged."""
+    rate = torch.tensor([1e-24], requires_grad=True)
+    cum = torch.tensor([[3e-3, 1e-3]])
+    c, frac, _ = relax.fifo_serve(torch.tensor([[2e-3, 1e-3]]), cum, (rate * 0.02).unsqueeze(-1), 0.05)
+    (frac * 0.02).sum().backward()
+    assert torch.isfinite(rate.grad).all() and bool(((frac >= 0) & (frac <= 1)).all())
 
 
 def test_survival_cumulates_to_s_of_age():

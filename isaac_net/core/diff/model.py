@@ -137,10 +137,11 @@ def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
     served = rate * avail_s
-    c, q, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # q: bytes served up to each message
-    finish_s = sr_s.unsqueeze(-1) + q / rate.unsqueeze(-1)
+    c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+    # The prefix up to a message takes the part frac of the interval: smin(cum, served) / rate.
+    finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    tx_s = busy * relax.smin(alloc, 1.0, tau) * q[..., 0] / rate  # q[..., 0] = smin(total, served)
+    tx_s = busy * relax.smin(alloc, 1.0, tau) * frac[..., 0] * avail_s  # smin(total, served) / rate
     return c, fin, served, tx_s, rest
 
 

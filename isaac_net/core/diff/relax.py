@@ -131,30 +131,36 @@ def fifo_remainder(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau
 
 
 def fifo_serve(x: torch.Tensor, cum: torch.Tensor, served: torch.Tensor, tau) -> tuple:
-    r"""FIFO service of ``served`` bytes in one pass: completion, bytes served, remainder (relative).
+    """FIFO service of ``served`` bytes in one pass: completion, time share, remainder (relative).
 
     :input x: ``[..., A]`` bytes per message; :input cum: ``[..., A]`` bytes queued up to and
     including each message (FIFO order, so the next older message's ``cum`` is ``cum - x``);
     :input served: ``[..., 1]``.
-    :output: ``(c, q, rest)``, each ``[..., A]``: ``c = soft_ge(served, cum)``, the bytes of
-    the FIFO prefix served ``q = smin(cum, served)`` and ``rest = fifo_remainder(x, cum, served)``.
+    :output: ``(c, frac, rest)``, each ``[..., A]``: ``c = soft_ge(served, cum)``, the part of
+    ``served`` that the FIFO prefix up to each message takes, ``frac = smin(cum, served) /
+    served`` (0 where nothing is served), and ``rest = fifo_remainder(x, cum, served)``.
 
     With ``z = (log S - log cum) / tau`` and ``c = sigmoid(z)``,
-    ``smin(cum, S) = cum (1 + (cum / S)^{1/tau})^{-tau} = cum c^tau``; and the next older
-    message's prefix is ``smin(cum - x, S)``, that message's ``q``. So one logsigmoid gives all
-    three, where ``soft_ge`` and two ``fifo_remainder`` soft minima need three
+    ``smin(cum, S) = cum (1 + (cum / S)^{1/tau})^{-tau} = cum c^tau = S (1 - c)^tau``; and the
+    next older message's prefix is ``smin(cum - x, S)``, that message's. So one logsigmoid
+    gives all three, where ``soft_ge`` and two ``fifo_remainder`` soft minima need three
     ``logaddexp`` passes over ``[..., A]`` (same values to rounding; a test checks them).
+    ``frac`` needs no division by ``S``: a finish time ``frac * interval`` stays finite, with a
+    finite gradient, when the rate behind ``S`` is tiny.
     """
     if is_hard(tau):
-        return soft_ge(served, cum, tau), torch.minimum(cum, served), fifo_remainder(x, cum, served, tau)
-    log_c = torch.nn.functional.logsigmoid((_log_pos(served) - _log_pos(cum)) / tau)
-    # Nothing queued is complete (c = 1, q = 0); nothing served leaves the rest queued (c = 0).
-    log_c = torch.where(served > 0, log_c, -math.inf)
+        safe = torch.where(served > 0, served, 1.0)
+        return (soft_ge(served, cum, tau), torch.minimum(cum, served) / safe,
+                fifo_remainder(x, cum, served, tau))
+    z = (_log_pos(served) - _log_pos(cum)) / tau
+    # Nothing queued is complete (c = 1, frac = 0); nothing served leaves the rest queued (c = 0).
+    log_c = torch.where(served > 0, torch.nn.functional.logsigmoid(z), -math.inf)
     log_c = torch.where(cum > 0, log_c, 0.0)
     c = torch.exp(log_c)
-    q = cum * torch.exp(tau * log_c)
+    q = cum * torch.exp(tau * log_c)  # smin(cum, S)
     q_older = torch.nn.functional.pad(q[..., 1:], (0, 1))  # next older message's prefix; 0 past the oldest
-    return c, q, x - (q - q_older)
+    frac = torch.exp(tau * torch.where(cum > 0, log_c - z, -math.inf))  # (1 - c)^tau: log(1 - c) = log c - z
+    return c, frac, x - (q - q_older)
 
 
 def step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
