@@ -419,3 +419,18 @@ def test_a_changed_setting_reruns_only_its_stage_and_the_report(tmp_path):
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     out = snakemake(wf, "-n", "report", "--cores", "2", *ci)
     assert set(job_counts(out)) == {"equivalence", "fd_check", "report"}
+
+
+def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
+    """The cost stage's jobs: the captured discrete step (L1, QA) is measured on CUDA only."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    params = yaml.safe_load((REPO / PROFILES["full"]).read_text())["cost"]
+    cpu, gpu = cost._jobs(params, "cpu"), cost._jobs(params, "cuda")
+    assert not any(j.get("backend") == "cuda_graph" for j in cpu)
+    graphed = [j for j in gpu if j.get("backend") == "cuda_graph"]
+    assert sorted((j["name"], j["E"]) for j in graphed) == sorted(
+        (lv, E) for lv in ("L1", "QA") for E in params["E"])
+    assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
+    assert {cost._variant(j) for j in cpu} == {"eager", "compiled", "per-slot autograd", "discrete"}
