@@ -39,7 +39,19 @@ class FluidState:
 
 def _fifo_cum(x: torch.Tensor) -> torch.Tensor:
     """Bytes queued up to and including each slot in FIFO (oldest-first) order. ``[E, R, A]``."""
+    if torch.compiler.is_compiling():  # A sums fuse into the step's kernels; aten cumsum is a call of its own
+        return torch.stack([x[..., a:].sum(-1) for a in range(x.shape[-1])], -1)
     return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def _cumprod(y: torch.Tensor) -> torch.Tensor:
+    """``cumprod`` over the last (age) dimension; unrolled when compiled, as ``_fifo_cum``."""
+    if not torch.compiler.is_compiling():
+        return torch.cumprod(y, -1)
+    out = [y[..., 0]]
+    for a in range(1, y.shape[-1]):
+        out.append(out[-1] * y[..., a])
+    return torch.stack(out, -1)
 
 
 def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_subbands: float,
@@ -202,8 +214,12 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         out = _compiled_step(mode, slots)(*tensors, temps[0], temps[1], cfg)
     else:
         out = _step(*tensors, tau, tau_n, cfg, mode, slots)
-    x, w, aoi, *values = out
-    return FluidState(x, w, aoi), dict(zip(KPIS, values, strict=True))
+    x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, queued_msgs = out
+    # offered and aoi are inputs / outputs already: a compiled graph that returns an alias of
+    # its input or one tensor twice pays for it at every call.
+    kpis = dict(offered=send, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts, overflow=overflow,
+                aoi=aoi, energy_j=energy_j, queued_msgs=queued_msgs)
+    return FluidState(x, w, aoi), kpis
 
 
 KPIS = ("offered", "delivered", "delay_sum", "timeouts", "overflow", "aoi", "energy_j", "queued_msgs")
@@ -221,7 +237,8 @@ def _compiled_step(mode: str, slots: str):
 
 def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig, mode: str,
           slots: str = "recompute"):
-    """The step on plain tensors (``StepInputs``' fields): ``(x, w, aoi, *kpis in KPIS order)``."""
+    """The step on plain tensors (``StepInputs``' fields): ``(x, w, aoi, delivered, delay_sum,
+    timeouts, overflow, energy_j, queued_msgs)``."""
     A = x.shape[-1]
 
     # 1. Capture into the youngest slot; the buffer limit acts on the soft message count.
@@ -245,7 +262,7 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     w = w - done
 
     # 3. AoI: the freshest delivered message (youngest slot first) sets it; none delivered: it ages.
-    none_yet = torch.cumprod(1.0 - done, -1)  # no delivery among ages 0..a
+    none_yet = _cumprod(1.0 - done)  # no delivery among ages 0..a
     before = torch.nn.functional.pad(none_yet[..., :-1], (1, 0), value=1.0)  # ... among ages < a
     aoi = (done * before * (ages + 1.0)).sum(-1) + (aoi + 1.0) * none_yet[..., -1]
 
@@ -255,7 +272,7 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     w = torch.nn.functional.pad(kept[..., :-1], (1, 0))
     x = torch.nn.functional.pad((x * keep)[..., :-1], (1, 0))
     energy_j = tx_w * tx_s
-    return x, w, aoi, send, delivered, delay_sum, timeouts, overflow, aoi, energy_j, w.sum(-1)
+    return x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, w.sum(-1)
 
 
 class DiffFluid:
