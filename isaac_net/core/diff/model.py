@@ -144,7 +144,8 @@ def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
     gain = relax.harmonic(n)
     se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.subband_hz / 8.0  # B/s while backlogged
-    # With no robot backlogged (n = 0, G = 0) the rate is 0 and nothing is queued: avoid 0/0.
+    # With no robot backlogged (n = 0, G = 0) the rate is 0 and nothing is queued; keep the
+    # served bytes (and log(served) in fifo_serve) away from exact 0.
     rate = torch.where(rate > 0, rate, 1.0)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
