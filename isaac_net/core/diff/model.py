@@ -223,7 +223,6 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     return FluidState(x, w, aoi), kpis
 
 
-KPIS = ("offered", "delivered", "delay_sum", "timeouts", "overflow", "aoi", "energy_j", "queued_msgs")
 _COMPILED_STEPS: dict = {}
 
 

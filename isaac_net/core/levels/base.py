@@ -124,23 +124,16 @@ class DiscreteLevel:
         self._reset_level(mask)
 
     def state(self) -> dict:
-        """The tensors that carry the state from one step to the next (base and level), by name."""
+        """The tensors that carry the queue from one step to the next, by name: the whole state
+        of the capturable levels (L1, QA); L2-legacy keeps more of its own."""
         q = self.queue
         return {"bytes": q.bytes, "gen": q.gen, "length": q.length, "fresh_gen": self.fresh_gen,
-                "t_now": self.t_now, **self._level_state()}
+                "t_now": self.t_now}
 
     def load_state(self, state: dict) -> None:
         """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
         self.queue = Queue(bytes=state["bytes"], gen=state["gen"], length=state["length"])
         self.fresh_gen, self.t_now = state["fresh_gen"], state["t_now"]
-        self._load_level_state(state)
-
-    def _level_state(self) -> dict:
-        """Level-specific state tensors by name (none by default)."""
-        return {}
-
-    def _load_level_state(self, state: dict) -> None:
-        """Point the level-specific state at ``state``'s tensors."""
 
     def step(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> dict:
         """Advance every env by one control step.

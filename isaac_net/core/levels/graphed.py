@@ -106,10 +106,7 @@ class CudaGraphLevel:
         """The step on the static buffers, then its new state copied over them."""
         self.level.load_state(self._state)
         kpis = self.level._step(*self._inputs)
-        new_state = self.level.state()
-        for name, buf in self._state.items():
-            buf.copy_(new_state[name])
-        self.level.load_state(self._state)
+        self._write_state(self.level.state())
         return kpis
 
     def _capture(self, inputs: tuple) -> None:
