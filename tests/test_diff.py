@@ -1,6 +1,7 @@
 """DiffFluid (L1D, QAD): equivalence at tau = 0, conservation, gradients, edges, API."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -308,6 +309,116 @@ def test_l1_slot_loop_backward_equals_autograd_of_the_recursion(keep_tape):
     gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, ref, strict=True)), inputs)
     for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def _qa_step_inputs(cfg, g, tau, tau_n, zero_factor: bool):
+    """Inputs of one QAD step ``[E=3, R=4, A]`` in float64 with the edges: empty old slots, empty
+    robots that send and that do not, a send of 1 and, with ``zero_factor``, a whole message fully
+    served (done = w c = 1 exactly, a zero factor of the AoI's cumprod)."""
+    from isaac_net.core.diff import relax
+    from isaac_net.core.diff.model import qa_headroom
+
+    E, R, A = 3, 4, cfg.timeout_steps
+    x = 1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)
+    w = torch.rand(E, R, A, generator=g, dtype=F64)
+    x[0, 0, 2:], w[0, 0, 2:] = 0.0, 0.0
+    x[2, 3], w[2, 3] = 0.0, 0.0
+    x[2, 2], w[2, 2] = 0.0, 0.0  # empty, and it sends: with the SR filling the step nothing is served
+    if zero_factor:
+        x[1, 1], w[1, 1] = 0.0, 0.0
+        x[1, 1, 2], w[1, 1, 2] = 1.0, 1.0  # one byte, one whole message: served at once
+    aoi = 5 * torch.rand(E, R, generator=g, dtype=F64)
+    send = torch.rand(E, R, generator=g, dtype=F64)
+    send[0, 1], send[2, 3] = 1.0, 0.0
+    if zero_factor:
+        send[1, 1] = 0.0  # so that the robot's delivered mass is that message alone
+    B = 1e3 + 3e4 * torch.rand(E, R, generator=g, dtype=F64)
+    snr = 10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))
+    tx_w = 0.2 * torch.rand(E, R, generator=g, dtype=F64)
+    keep = relax.survival(1 + (A - 1) * torch.rand(E, R, generator=g, dtype=F64), A, tau_n)
+    m = qa_headroom(snr, cfg, tau, tau_n)
+    return [t.requires_grad_() for t in (x, w, aoi, send, B, snr, tx_w, keep, m)]
+
+
+@pytest.mark.parametrize("zero_factor", [False, True], ids=["no-zero-factor", "zero-factor"])
+@pytest.mark.parametrize("sr_slots", [1, 4], ids=["sr-1", "sr-fills-step"])
+def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots):
+    """The fused QAD step (hand-written backward) against autograd of ``model._step``, float64."""
+    from isaac_net.core.diff._qa_step import qa_step
+    from isaac_net.core.diff.model import _step
+
+    cfg = CellConfig(num_slots=4, qa_sr_slots=sr_slots, timeout_steps=5, buffer_msgs=3)
+    tau, tau_n = 0.07, 0.2
+    g = torch.Generator().manual_seed(3 + sr_slots)
+    inputs = _qa_step_inputs(cfg, g, tau, tau_n, zero_factor)
+    outs = qa_step(*inputs, tau, tau_n, cfg)
+    ref = _step(*inputs, tau, tau_n, cfg, "QA")
+    for a, b in zip(outs, ref, strict=True):  # bytes up to ~3e4: a remainder x - q + q_older rounds at ~1e-12
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-9)
+    if zero_factor:
+        assert float(ref[3][1, 1].detach()) == 1.0  # the whole message was delivered: done = 1
+    weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
+    ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)), inputs)
+    gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, ref, strict=True)), inputs)
+    for name, a, b in zip("x w aoi send bytes snr tx_w keep headroom".split(), ga, gb, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+        assert b.abs().sum() > 0, name
+
+
+def test_qa_step_gradcheck():
+    from isaac_net.core.diff._qa_step import qa_step
+
+    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4, buffer_msgs=3)
+    g = torch.Generator().manual_seed(5)
+    inputs = [t.detach().clone() for t in _qa_step_inputs(cfg, g, 0.1, 0.2, zero_factor=False)]
+    inputs[0][0, 0, 2:], inputs[1][0, 0, 2:] = 500.0, 0.3  # interior points: no empty slot ...
+    inputs[0][2, 2:], inputs[1][2, 2:] = 700.0, 0.5
+    inputs[3][0, 1], inputs[3][2, 3] = 0.9, 0.1  # ... and no send on the edge of [0, 1]
+    inputs = [t.requires_grad_() for t in inputs]
+    step = functools.partial(qa_step, tau=0.1, tau_n=0.2, cfg=cfg)
+    assert torch.autograd.gradcheck(step, inputs, eps=1e-4, atol=1e-5, rtol=1e-3)
+
+
+def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
+    """``rollout`` as a loop of ``advance``: QAD's fused step one node per step."""
+    from isaac_net.core.diff import relax
+    from isaac_net.core.kpi import KpiAccumulator
+
+    inputs = net.inputs(B, snr_db=snr_db, deadline=deadline)
+    acc = KpiAccumulator(warmup)
+    for t in range(T):
+        acc.add(net.advance(p if sends == "mean_field" else relax.relaxed_bernoulli(p, u[t], 0.1), inputs))
+    return acc.result()
+
+
+@pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
+def test_qa_rollout_node_steps_and_autograd_agree(sends):
+    """QAD's rollout as one node, the same steps one node each, and autograd through every op of
+    ``model._step`` (``slots="autograd"``) give one model: values and gradients over two rollouts
+    in a row (the second continues from the first's state) with a warm-up, float64."""
+    s = seed_scenario("overload", E=3, R=4, T=12)
+    u = torch.rand(s.T, 3, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
+    out = {}
+    for how in ("rollout", "steps", "autograd"):
+        p, B, snr, dl = (t.clone().requires_grad_() for t in (s.p, s.B, s.snr_db, s.deadline))
+        net = DiffFluid(3, 4, mode="QA", tau=0.05, cfg=s.cfg, dtype=F64)
+        if how == "autograd":
+            net.slots = "autograd"
+        assert net.fused_rollout == (how != "autograd")
+        total = 0.0
+        for _ in range(2):
+            if how == "steps":
+                k = _rollout_by_steps(net, s.T, p, B, snr, dl, sends, u, warmup=3)
+            else:
+                k = rollout(net, s.T, p, B, snr_db=snr, deadline=dl, sends=sends, u=u, warmup=3)
+            total = total + kpi_mix(k) + k["timeouts"].sum() + k["overflow"].sum() + k["queued_msgs"].sum()
+        out[how] = (total.detach(), *torch.autograd.grad(total, (p, B, snr, dl)))
+    # the same ops step by step: equal to rounding; autograd of _step sums in another order (relaxed
+    # sends near 0 and 1 cancel more): ~5e-9 relative at most here
+    for how, rtol in (("steps", 1e-12), ("autograd", 1e-7)):
+        for name, a, b in zip(("value", "p", "B", "snr", "deadline"), out["rollout"], out[how], strict=True):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=1e-12, msg=f"{how}: {name}")
+    assert all(g.abs().sum() > 0 for g in out["rollout"][1:])
 
 
 @pytest.mark.slow

@@ -433,4 +433,7 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert sorted((j["name"], j["E"]) for j in graphed) == sorted(
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
-    assert {cost._variant(j) for j in cpu} == {"eager", "compiled", "per-slot autograd", "discrete"}
+    assert {cost._variant(j) for j in cpu} == {"eager", "compiled", "per-slot autograd", "per-op autograd",
+                                               "discrete"}
+    assert sorted((j["name"], j["E"]) for j in cpu if j.get("slots") == "autograd") == sorted(
+        (m, E) for m in ("L1", "QA") for E in params["E"])

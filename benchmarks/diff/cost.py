@@ -121,14 +121,15 @@ def measure_in_child(spec: dict, timeout_s: float) -> dict:
 
 
 def _jobs(params: dict, device: str) -> list[dict]:
-    """The measurements of one device: relaxed (each mode, compile, threads), the per-slot
-    autograd baseline (eager, one thread), the discrete levels and the large rollout."""
+    """The measurements of one device: relaxed (each mode, compile, threads), the plain
+    autograd baselines (eager, one thread), the discrete levels and the large rollout."""
     threads = params["threads"] if device == "cpu" else [1]
     jobs = [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
             for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
-    if "L1" in params["modes"]:
-        jobs += [{"kind": "relaxed", "name": "L1", "E": E, "compile": False, "threads": 1,
-                  "slots": "autograd"} for E in params["E"]]
+    # Autograd through every op (L1D: every slot, the seed's design; QAD: the step's ops) against
+    # the default eager, whose slot loop (L1D) and step (QAD) are nodes with hand-written backwards.
+    jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1, "slots": "autograd"}
+             for E in params["E"] for m in params["modes"]]
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
     jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
              for E in params["E"] for lv in levels for th in threads]
@@ -146,7 +147,7 @@ def _variant(job: dict) -> str:
     if job["kind"] == "discrete":
         return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
     if job.get("slots") == "autograd":
-        return "per-slot autograd"
+        return "per-slot autograd" if job["name"] == "L1" else "per-op autograd"
     return "compiled" if job["compile"] else "eager"
 
 

@@ -36,6 +36,12 @@ class KpiAccumulator:
         self.last = kpis
         self.t += 1
 
+    def set_totals(self, totals, last: dict, num_seen: int) -> None:
+        """Take totals summed elsewhere (``COUNT_KEYS`` order) over the steps ``warmup..num_seen - 1``
+        of a rollout, and its last step's KPIs ``last`` (a rollout run as one node)."""
+        self.sums = dict(zip(COUNT_KEYS, totals, strict=True))
+        self.last, self.t, self.num_steps = last, num_seen, max(num_seen - self.warmup, 0)
+
     def result(self) -> dict:
         if self.num_steps == 0:
             raise ValueError(f"warmup: expected fewer warm-up steps than the rollout's {self.t}")

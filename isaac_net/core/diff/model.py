@@ -21,6 +21,7 @@ from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import relax
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
+from isaac_net.core.diff._qa_step import QARollout, qa_step
 
 MODES = ("L1", "QA")
 
@@ -202,7 +203,9 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         at the temperatures ``(tau, tau_n)``.
     :param compiled: run the step through ``torch.compile`` (both temperatures must be > 0;
         at 0 the hard operations run eager).
-    :param slots: how L1D's slot loop is differentiated (see ``_service_l1``).
+    :param slots: how L1D's slot loop is differentiated (see ``_service_l1``); ``"autograd"``
+        also runs QAD through autograd of ``_step`` instead of the fused ``_qa_step`` node
+        (eager, ``tau > 0`` and ``tau_n > 0``).
     :output: ``(next_state, kpis)``, kpis ``[E, R]`` as expectations.
     """
     if inputs.temps != (tau, tau_n):
@@ -213,6 +216,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         x = state.x
         temps = torch.tensor([tau, tau_n], dtype=x.dtype, device=x.device)
         out = _compiled_step(mode, slots)(*tensors, temps[0], temps[1], cfg)
+    elif mode == "QA" and tau > 0 and tau_n > 0 and slots != "autograd":
+        out = qa_step(*tensors, tau, tau_n, cfg)
     else:
         out = _step(*tensors, tau, tau_n, cfg, mode, slots)
     x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, queued_msgs = out
@@ -397,6 +402,29 @@ class DiffFluid:
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
         return StepInputs.build(msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode, tau=self.tau,
                                 tau_n=self.tau_n)
+
+    @property
+    def fused_rollout(self) -> bool:
+        """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD, eager, tau > 0."""
+        return (self.mode == "QA" and not self.compile and self.tau > 0 and self.tau_n > 0
+                and self.slots != "autograd")
+
+    def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
+        """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
+
+        :input send: ``[E, R]`` (every step) or ``[T, E, R]``, in [0, 1].
+        :output: ``(totals, last)``: the KPI totals over steps ``t >= warmup`` (``kpi.COUNT_KEYS``
+            order) and the last step's ``{"queued_msgs": [E, R]}``; the state advances by ``T`` steps.
+        """
+        if not self.fused_rollout:
+            raise ValueError("advance_rollout: QAD only, with compile=False and tau, tau_n > 0")
+        inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
+        s = self.state
+        x, w, aoi, queued, *totals = QARollout.apply(s.x, s.w, s.aoi, send, inputs.msg_bytes, inputs.snr_lin,
+                                                     inputs.tx_w, inputs.keep, inputs.headroom, T, warmup,
+                                                     self.tau, self.tau_n, self.cfg)
+        self.state = FluidState(x, w, aoi)
+        return totals, {"queued_msgs": queued}
 
     def advance(self, send, inputs: StepInputs) -> dict:
         """``step`` on inputs from :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).

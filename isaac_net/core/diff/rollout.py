@@ -45,12 +45,15 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         u = send_uniforms(u, T, E, R, dt, dev, generator)
     step_inputs = net.inputs(B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline)
     acc = KpiAccumulator(warmup)
+    if sends == "mean_field":
+        send = p
+    elif sends == "relaxed":
+        send = relax.relaxed_bernoulli(p, u[:T], lam)  # [T, E, R], as T draws from u[t]
+    else:
+        send = (u[:T] < p).to(dt)
+    if net.fused_rollout:  # QAD, eager: the whole rollout as one node (the same steps)
+        acc.set_totals(*net.advance_rollout(send, step_inputs, T, warmup), num_seen=T)
+        return acc.result()
     for t in range(T):
-        if sends == "mean_field":
-            send = p
-        elif sends == "relaxed":
-            send = relax.relaxed_bernoulli(p, u[t], lam)
-        else:
-            send = (u[t] < p).to(dt)
-        acc.add(net.advance(send, step_inputs))
+        acc.add(net.advance(send if send.dim() == 2 else send[t], step_inputs))
     return acc.result()
