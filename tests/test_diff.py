@@ -421,6 +421,23 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends):
     assert all(g.abs().sum() > 0 for g in out["rollout"][1:])
 
 
+def test_qa_rollout_node_frees_its_steps_unless_the_graph_is_retained():
+    s = seed_scenario("normal", E=2, R=3, T=6)
+    p = s.p.clone().requires_grad_()
+    net = DiffFluid(2, 3, mode="QA", tau=0.05, dtype=F64)
+    k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
+    node = k["aoi"].grad_fn  # aoi / steps: the division's input is the rollout node's aoi total
+    while type(node).__name__ != "QARolloutBackward":
+        node = node.next_functions[0][0]
+    assert len(node.tape) == s.T
+    k["mean_aoi"].backward(retain_graph=True)
+    assert len(node.tape) == s.T and all(step is not None for step in node.tape)
+    g = p.grad.clone()
+    k["mean_aoi"].backward()
+    assert node.tape is None
+    torch.testing.assert_close(p.grad, 2 * g)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["L1", "QA"])
 def test_compiled_equals_eager(mode):
