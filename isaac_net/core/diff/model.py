@@ -214,8 +214,7 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
                inputs.headroom)
     if compiled and tau > 0 and tau_n > 0:
         x = state.x
-        temps = torch.tensor([tau, tau_n], dtype=x.dtype, device=x.device)
-        out = _compiled_step(mode, slots)(*tensors, temps[0], temps[1], cfg)
+        out = _compiled_step(mode, slots)(*tensors, *_temperatures(tau, tau_n, x.dtype, x.device), cfg)
     elif mode == "QA" and tau > 0 and tau_n > 0 and slots != "autograd":
         out = qa_step(*tensors, tau, tau_n, cfg)
     else:
@@ -238,6 +237,12 @@ def _compiled_step(mode: str, slots: str):
     if key not in _COMPILED_STEPS:
         _COMPILED_STEPS[key] = torch.compile(functools.partial(_step, mode=mode, slots=slots), dynamic=False)
     return _COMPILED_STEPS[key]
+
+
+@functools.lru_cache(maxsize=64)
+def _temperatures(tau: float, tau_n: float, dtype: torch.dtype, device: torch.device) -> tuple:
+    """``(tau, tau_n)`` as 0-dim tensors, made once per value: the compiled step's inputs."""
+    return torch.tensor(tau, dtype=dtype, device=device), torch.tensor(tau_n, dtype=dtype, device=device)
 
 
 def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig, mode: str,
