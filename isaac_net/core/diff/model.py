@@ -299,6 +299,11 @@ class DiffFluid:
         one core with a cold inductor cache, under a minute with a warm one; the cache
         lives in ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``). At
         ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations).
+    Eager (default), L1D's slot loop and QAD's whole step each run as one autograd node with
+    a hand-written backward (``_l1_loop``, ``_qa_step``); :func:`rollout` runs a QAD rollout as
+    one node (:meth:`advance_rollout`). QAD's state is then stored age-major (``[E, R, A]``
+    views of ``[A, E, R]`` storage).
+
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
