@@ -101,7 +101,7 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
         c = _completion(served, log_cum, tau)
     # One [K, ...] tensor per TAPE value: 12 saved tensors instead of 12 K (each saved tensor costs
     # the autograd node, or a compiled graph's runtime wrapper, a pack and an unpack)
-    return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape)]
+    return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape, strict=True)]
 
 
 def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
