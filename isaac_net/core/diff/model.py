@@ -215,7 +215,7 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     if compiled and tau > 0 and tau_n > 0:
         x = state.x
         out = _compiled_step(mode, slots)(*tensors, *_temperatures(tau, tau_n, x.dtype, x.device), cfg)
-    elif mode == "QA" and tau > 0 and tau_n > 0 and slots != "autograd":
+    elif _qa_fused(mode, compiled, tau, tau_n, slots):
         out = qa_step(*tensors, tau, tau_n, cfg)
     else:
         out = _step(*tensors, tau, tau_n, cfg, mode, slots)
@@ -225,6 +225,12 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     kpis = dict(offered=send, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts, overflow=overflow,
                 aoi=aoi, energy_j=energy_j, queued_msgs=queued_msgs)
     return FluidState(x, w, aoi), kpis
+
+
+def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str) -> bool:
+    """Whether QAD runs through ``_qa_step``'s node (eager, soft): not compiled, not at tau = 0
+    (the hard operations) and not ``slots="autograd"`` (autograd through ``_step``)."""
+    return mode == "QA" and not compiled and tau > 0 and tau_n > 0 and slots != "autograd"
 
 
 _COMPILED_STEPS: dict = {}
@@ -416,8 +422,7 @@ class DiffFluid:
     @property
     def fused_rollout(self) -> bool:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD, eager, tau > 0."""
-        return (self.mode == "QA" and not self.compile and self.tau > 0 and self.tau_n > 0
-                and self.slots != "autograd")
+        return _qa_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
