@@ -294,6 +294,11 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
 class DiffFluid:
     """Differentiable fluid model of the uplink: ``mode="L1"`` (L1D) or ``"QA"`` (QAD).
 
+    Eager (default), L1D's slot loop and QAD's whole step each run as one autograd node with
+    a hand-written backward (``_l1_loop``, ``_qa_step``); :func:`rollout` runs a QAD rollout as
+    one node (:meth:`advance_rollout`). QAD's state is then stored age-major (``[E, R, A]``
+    views of ``[A, E, R]`` storage).
+
     :param tau: temperature of every relaxation (``0`` runs the hard operations); may be
         changed between steps (annealing).
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
@@ -305,11 +310,6 @@ class DiffFluid:
         one core with a cold inductor cache, under a minute with a warm one; the cache
         lives in ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``). At
         ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations).
-    Eager (default), L1D's slot loop and QAD's whole step each run as one autograd node with
-    a hand-written backward (``_l1_loop``, ``_qa_step``); :func:`rollout` runs a QAD rollout as
-    one node (:meth:`advance_rollout`). QAD's state is then stored age-major (``[E, R, A]``
-    views of ``[A, E, R]`` storage).
-
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
