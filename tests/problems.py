@@ -47,12 +47,16 @@ class Scenario:
 
 def seed_scenario(case: str, seed: int = 1, E: int = 8, R: int = 6, T: int = 50) -> Scenario:
     """The seed's equivalence cases: ``"normal"`` load, and ``"overload"`` with F = 4 and a
-    6-step timeout where both the buffer and the deadline bind."""
+    6-step timeout where both the buffer and the deadline bind; ``"calibrated"``: the normal
+    load with calibration constants of the size a fit to L2-legacy gives (capacity factor,
+    SNR offset, L1 latency floor, a longer QA SR offset)."""
     g = torch.Generator().manual_seed(seed)
     if case == "normal":
         cfg, p, scale = CellConfig(), 0.4, 1.0
     elif case == "overload":
         cfg, p, scale = CellConfig(buffer_msgs=4, timeout_steps=6), 0.9, 4.0
+    elif case == "calibrated":
+        cfg, p, scale = CALIBRATED, 0.5, 1.0
     else:
         raise ValueError(case)
     B = scale * torch.where(torch.rand(E, R, generator=g) < 0.5, 4000.0, 30000.0)
@@ -62,8 +66,12 @@ def seed_scenario(case: str, seed: int = 1, E: int = 8, R: int = 6, T: int = 50)
     return Scenario(cfg, T, torch.full((E, R), p), B, snr, u, deadline).to()
 
 
-def random_scenario(seed: int) -> Scenario:
-    """Fresh random scenario: random R, F, timeout, subbands, deadlines, sizes, SNRs, load."""
+CALIBRATED = CellConfig(rate_factor=0.6, snr_offset_db=5.0, l1_sr_slots=12, qa_sr_slots=20)
+
+
+def random_scenario(seed: int, calibrated: bool = False) -> Scenario:
+    """Fresh random scenario: random R, F, timeout, subbands, deadlines, sizes, SNRs, load;
+    with ``calibrated``, random calibration constants too (the other draws unchanged)."""
     g = torch.Generator().manual_seed(1000 + seed)
     ri = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
     timeout = ri(2, 10)
@@ -75,4 +83,9 @@ def random_scenario(seed: int) -> Scenario:
     snr = -5.0 + 40.0 * torch.rand(E, R, generator=g)
     u = torch.rand(T, E, R, generator=g)
     deadline = torch.randint(1, timeout + 1, (E, R), generator=g).float()
+    if calibrated:
+        K = cfg.num_slots
+        cfg = dataclasses.replace(cfg, rate_factor=0.3 + 0.9 * float(torch.rand((), generator=g)),
+                                  snr_offset_db=-6.0 + 16.0 * float(torch.rand((), generator=g)),
+                                  l1_sr_slots=ri(0, K), qa_sr_slots=ri(0, K))
     return Scenario(cfg, T, p, B, snr, u, deadline).to()

@@ -8,7 +8,7 @@ import torch
 from problems import DEVICES, TOL, random_scenario, seed_scenario
 
 from isaac_net.core import CellConfig
-from isaac_net.core.diff import DiffFluid, rollout
+from isaac_net.core.diff import DiffFluid, relax, rollout
 from isaac_net.core.diff.reference import discrete_rollout
 
 F64 = torch.float64
@@ -34,7 +34,7 @@ def assert_equivalent(ref, out):
 
 # ----------------------------------------------------------------------------- equivalence
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", ["normal", "overload"])
+@pytest.mark.parametrize("case", ["normal", "overload", "calibrated"])
 def test_equivalence_at_tau_zero_seed_cases(mode, case):
     ref, out = both(seed_scenario(case), mode)
     assert_equivalent(ref, out)
@@ -43,9 +43,36 @@ def test_equivalence_at_tau_zero_seed_cases(mode, case):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("calibrated", [False, True], ids=["plain", "calibrated"])
 @pytest.mark.parametrize("seed", range(6))
-def test_equivalence_at_tau_zero_random_scenarios(mode, seed):
-    assert_equivalent(*both(random_scenario(seed), mode))
+def test_equivalence_at_tau_zero_random_scenarios(mode, seed, calibrated):
+    assert_equivalent(*both(random_scenario(seed, calibrated), mode))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_calibration_constants_change_the_discrete_level_as_documented(mode):
+    """Each constant moves the discrete level the way it says: less capacity or a latency
+    floor raise the delay, a higher SNR offset lowers it, and none changes the energy's power
+    (the same busy time costs the same joules)."""
+    s = seed_scenario("normal")
+    base = both(s, mode)[0]
+
+    def run(**constants):
+        cfg = dataclasses.replace(s.cfg, **constants)
+        return discrete_rollout(mode, s.T, s.p, s.B, snr_db=s.snr_db, u=s.u, deadline=s.deadline, cfg=cfg)
+
+    def delay(r):
+        return float(r["mean_delay"])
+
+    assert delay(run(rate_factor=0.5)) > 1.2 * delay(base)
+    assert delay(run(snr_offset_db=6.0)) < delay(base)
+    floor = "l1_sr_slots" if mode == "L1" else "qa_sr_slots"
+    late = run(**{floor: 20})
+    assert delay(late) > delay(base) + 0.3  # 20 of 40 slots: half a step later for a robot that was empty
+    # Energy: the power is the true one; only the busy time changes.
+    assert float(run(snr_offset_db=6.0)["mean_energy_j"]) < float(base["mean_energy_j"])
+    torch.testing.assert_close(run(rate_factor=1.0, snr_offset_db=0.0)["energy_j"], base["energy_j"],
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -60,8 +87,9 @@ def test_equivalence_float32(mode, device):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tau", [0.0, 0.01, 0.05, 0.2])
 @pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
-def test_mass_conservation_every_step(mode, tau, sends):
-    s = seed_scenario("overload", E=4, T=30)
+@pytest.mark.parametrize("case", ["overload", "calibrated"])
+def test_mass_conservation_every_step(mode, tau, sends, case):
+    s = seed_scenario(case, E=4, T=30)
     net = DiffFluid(s.E, s.R, mode=mode, tau=tau, cfg=s.cfg, dtype=F64)
     total = 0
     for t in range(s.T):
@@ -73,8 +101,10 @@ def test_mass_conservation_every_step(mode, tau, sends):
 
 
 # ----------------------------------------------------------------------------- gradients
-def tiny_problem(mode):
+def tiny_problem(mode, calibrated: bool = False):
     cfg = CellConfig(num_slots=4, buffer_msgs=2, timeout_steps=3, qa_sr_slots=1)
+    if calibrated:  # the latency floor and SR offset cover half the slots
+        cfg = dataclasses.replace(cfg, rate_factor=0.7, snr_offset_db=3.0, l1_sr_slots=2, qa_sr_slots=2)
     g = torch.Generator().manual_seed(5)
     E, R = 2, 3
     p = (0.3 + 0.5 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
@@ -86,8 +116,9 @@ def tiny_problem(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_gradcheck_float64(mode):
-    cfg, inputs = tiny_problem(mode)
+@pytest.mark.parametrize("calibrated", [False, True], ids=["plain", "calibrated"])
+def test_gradcheck_float64(mode, calibrated):
+    cfg, inputs = tiny_problem(mode, calibrated)
 
     def kpis(p, B, tx, pos, dl):
         net = DiffFluid(2, 3, mode=mode, tau=0.1, cfg=cfg, dtype=F64)
@@ -282,8 +313,11 @@ def test_config_changes_are_respected():
     assert net.state.x.shape == (1, 1, 4)
 
 
+@pytest.mark.parametrize("L", [0, 5, 12], ids=["no-floor", "floor-5", "floor-all"])
 @pytest.mark.parametrize("keep_tape", [False, True], ids=["recompute", "tape"])
-def test_l1_slot_loop_backward_equals_autograd_of_the_recursion(keep_tape):
+def test_l1_slot_loop_backward_equals_autograd_of_the_recursion(keep_tape, L):
+    """The node's forward and hand-written backward against autograd of ``model._l1_slot``, with
+    the latency floor's gate in the first ``L`` of the K slots (its gradient too)."""
     from isaac_net.core.diff._l1_loop import L1SlotLoop
     from isaac_net.core.diff.model import _l1_slot
 
@@ -292,22 +326,33 @@ def test_l1_slot_loop_backward_equals_autograd_of_the_recursion(keep_tape):
     w = torch.rand(E, R, A, generator=g, dtype=F64).requires_grad_()
     log_cum = (torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau).requires_grad_()
     snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
+    gate = torch.rand(E, R, generator=g, dtype=F64)
+    gate[0, 0] = 0.0  # a robot that was empty: not served in the first L slots
+    gate.requires_grad_()
     c0 = torch.zeros(E, R, A, dtype=F64)
     consts = (12.0, 5.5, 90.0)
-    outs = L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, keep_tape)
+    outs = L1SlotLoop.apply(w, log_cum, snr, c0, gate if L else None, tau, K, L, *consts, keep_tape)
     c, c_sum = c0, torch.zeros_like(c0)
     served, tx = torch.zeros(E, R, dtype=F64), torch.zeros(E, R, dtype=F64)
-    for _ in range(K):
-        c, c_sum, served, tx = _l1_slot(w, w.sum(-1), c, c_sum, served, tx, log_cum, snr,
-                                        torch.tensor(tau, dtype=F64), *consts)
+    tau_t = torch.tensor(tau, dtype=F64)
+
+    def completion(s):
+        return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau_t - log_cum)
+
+    for k in range(K):
+        c, c_sum, served, tx = _l1_slot(w, w.sum(-1), c, c_sum, served, tx, completion, snr, tau_t, consts,
+                                        gate if k < L else None)
     ref = (served, tx, c_sum)
     for a, b in zip(outs, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if L:  # the gated robot gets nothing in the first L slots, so it is served less
+        assert float(outs[0][0, 0]) < float(outs[0][0, 1:].max())
     weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
-    inputs = (w, log_cum, snr)
+    inputs = (w, log_cum, snr, gate) if L else (w, log_cum, snr)
     ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)), inputs)
     gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, ref, strict=True)), inputs)
     for a, b in zip(ga, gb, strict=True):
+        assert float(b.abs().max()) > 0
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
 
 

@@ -26,26 +26,31 @@ class CellConfig:
     tx_dbm: float = 23.0  # default transmit power, dBm
     qa_snr_req_db: float = 15.0  # QA power headroom: per-subband SNR a robot must keep, dB
     qa_sr_slots: int = 4  # QA scheduling-request offset, slots
+    # Calibration constants (docs/design.md, "Calibration"): effective physics of the fluid levels
+    # L1 and QA (and so of L1D and QAD) fitted to L2-legacy; the defaults are the plain fluid physics.
+    rate_factor: float = 1.0  # capacity factor on the bytes a backlogged robot is served
+    snr_offset_db: float = 0.0  # added to the SNR that sets the spectral efficiency (not the energy), dB
+    l1_sr_slots: int = 0  # L1 latency floor: a robot whose queue was empty starts service this late, slots
 
     def __post_init__(self) -> None:
-        positive = ("step_s", "subband_hz", "se_max", "fc_ghz")
+        positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor")
         for name in positive:
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if not (_is_real(value) and math.isfinite(value) and value > 0):
                 raise ValueError(f"CellConfig.{name} must be a finite number > 0, got {value!r}")
         at_least_one = ("num_slots", "num_subbands", "buffer_msgs", "timeout_steps")
         for name in at_least_one:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"CellConfig.{name} must be an integer >= 1, got {value!r}")
-        # qa_sr_slots = num_slots is allowed: a robot that was empty is then not served that step.
-        if not (isinstance(self.qa_sr_slots, int) and 0 <= self.qa_sr_slots <= self.num_slots):
-            raise ValueError(
-                f"CellConfig.qa_sr_slots must be an integer in [0, num_slots], got {self.qa_sr_slots!r}"
-            )
-        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db"):
+        # An SR offset of num_slots is allowed: a robot that was empty is then not served that step.
+        for name in ("qa_sr_slots", "l1_sr_slots"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= self.num_slots):
+                raise ValueError(f"CellConfig.{name} must be an integer in [0, num_slots], got {value!r}")
+        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db"):
+            value = getattr(self, name)
+            if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
 
     @property
@@ -54,6 +59,27 @@ class CellConfig:
         return self.step_s / self.num_slots
 
     @property
+    def bytes_per_se_s(self) -> float:
+        """Bytes a robot is served per second, per subband and per b/s/Hz of spectral efficiency
+        (``subband_hz / 8`` times the capacity factor ``rate_factor``)."""
+        return self.subband_hz * self.rate_factor / 8.0
+
+    @property
+    def bytes_per_se_slot(self) -> float:
+        """``bytes_per_se_s`` over one UL slot."""
+        return self.subband_hz * self.rate_factor * self.slot_s / 8.0
+
+    @property
+    def is_calibrated(self) -> bool:
+        """Whether any calibration constant differs from the plain fluid physics."""
+        return (self.rate_factor, self.snr_offset_db, self.l1_sr_slots) != (1.0, 0.0, 0)
+
+    @property
     def noise_dbm(self) -> float:
         """Thermal noise in one subband at the gNB, dBm."""
         return -174.0 + 10.0 * math.log10(self.subband_hz) + self.noise_figure_db
+
+
+def _is_real(value) -> bool:
+    """A Python int or float, not a bool (``True`` is an int to Python, not a step length)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -45,6 +45,15 @@ def snr_db(pos: torch.Tensor, tx_dbm: torch.Tensor | float, cfg: CellConfig) -> 
     return tx_dbm - path_loss_db(pos, cfg) - cfg.noise_dbm
 
 
+def rate_snr_lin(snr_db: torch.Tensor, cfg: CellConfig) -> torch.Tensor:
+    """Linear SNR that sets the spectral efficiency of the fluid levels (L1, QA, L1D, QAD):
+    ``snr_db`` plus the calibration's ``cfg.snr_offset_db``. The energy keeps the true power.
+
+    :input snr_db: ``[...]`` dB. :output: ``[...]`` linear.
+    """
+    return db_to_lin(snr_db + cfg.snr_offset_db)
+
+
 def db_to_lin(x_db: torch.Tensor) -> torch.Tensor:
     return torch.pow(10.0, x_db / 10.0)
 

@@ -49,7 +49,7 @@ class _Consts:
             zero=0.0, one=1.0, neg_inf=-math.inf, tiny=_tiny(torch.empty(0, dtype=dtype)), tau=tau,
             inv_tau=1.0 / tau, neg_inv_tau=-1.0 / tau, neg_tau=-tau, inv_tau_n=1.0 / tau_n,
             buffer_limit=cfg.buffer_msgs - 0.5, subbands=float(cfg.num_subbands), se_max=cfg.se_max,
-            inv_se_max=1.0 / cfg.se_max, kappa=cfg.subband_hz / 8.0, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
+            inv_se_max=1.0 / cfg.se_max, kappa=cfg.bytes_per_se_s, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
             step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2, gamma=EULER_GAMMA,
             one_minus_A=1.0 - A,
         )

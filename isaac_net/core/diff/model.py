@@ -55,30 +55,38 @@ def _cumprod(y: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, -1)
 
 
-def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin, tau, num_subbands: float,
-             se_max: float, bytes_per_sb_se: float):
-    """One UL slot of L1D for ``tau > 0``, differentiated by autograd: the plain per-slot design.
+def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, completion, snr_lin, tau, consts: tuple, gate=None):
+    """One UL slot of L1D: the reference recursion. At ``tau = 0`` the hard operations; at
+    ``tau > 0`` differentiated by autograd (the plain per-slot design, ``slots="autograd"``).
 
-    ``DiffFluid`` runs the K slots through ``_l1_loop.L1SlotLoop`` (one node with a
+    ``DiffFluid`` runs the K slots at ``tau > 0`` through ``_l1_loop.L1SlotLoop`` (one node with a
     hand-written backward); the tests check that node against this recursion.
 
-    :input c: ``[E, R, A]`` completion before the slot; :input log_cum: ``log(cum) / tau``.
+    :input c: ``[E, R, A]`` completion before the slot; :input completion: ``served [E, R] -> c``.
+    :input gate: ``[E, R]`` the latency floor's weight of a robot in this slot (``1 - soft_empty``
+        of its queue before capture; None: every robot is served).
+    :param consts: ``(num_subbands, se_max, bytes_per_se_slot)``.
     :output: ``(c, c_sum, served, tx_frac)`` after the slot.
     """
-    busy = relax.smin_const(w_sum - (w * c).sum(-1), 1.0, tau)  # [E, R] soft_busy
+    num_subbands, se_max, kappa = consts
+    busy = relax.soft_busy(w_sum - (w * c).sum(-1), tau)  # [E, R]
+    if gate is not None:
+        busy = busy * gate
     n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
-    share = num_subbands / relax.smax_const(n, 1.0, tau)
-    se = relax.smin_const(torch.log2(1.0 + snr_lin / relax.smax_const(share, 1.0, tau)), se_max, tau)
-    served = served + share * se * bytes_per_sb_se
-    tx_frac = tx_frac + busy * relax.smin_const(share, 1.0, tau)
+    share = num_subbands / relax.smax(n, 1.0, tau)
+    se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), se_max, tau)
+    rate = share * se * kappa
+    served = served + (rate if gate is None else rate * gate)
+    tx_frac = tx_frac + busy * relax.smin(share, 1.0, tau)
     c_sum = c_sum + c
-    c = torch.sigmoid(relax._log_pos(served).unsqueeze(-1) / tau - log_cum)
-    return c, c_sum, served, tx_frac
+    return completion(served), c_sum, served, tx_frac
 
 
-def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
+def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
+    :input mass_before: ``[E, R]`` the queue's mass before this step's capture (the latency
+        floor's "was empty" gate, for the first ``cfg.l1_sr_slots`` slots).
     :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
         ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values;
         ``"autograd"``, autograd through every slot (the plain per-slot design, a baseline).
@@ -88,35 +96,33 @@ def _service_l1(x, w, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
         bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]`` and the bytes
         left per message ``rest`` ``[E, R, A]``.
     """
-    K = cfg.num_slots
+    K, L = cfg.num_slots, cfg.l1_sr_slots
     cum = _fifo_cum(x)
-    bytes_per_sb_se = cfg.subband_hz * cfg.slot_s / 8.0
+    consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
     c = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
-    c_sum = torch.zeros_like(x)
     w_sum = w.sum(-1)
-    served = torch.zeros_like(w_sum)
-    tx_frac = torch.zeros_like(w_sum)
-    if not relax.is_hard(tau):
+    # The latency floor: a robot that was empty is served only from slot L on (1 - soft_empty).
+    gate = relax.smin(mass_before, 1.0, tau) if L > 0 else None
+    if not relax.is_hard(tau) and slots != "autograd":
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
         log_cum = relax._log_pos(cum) / tau
-        consts = (float(cfg.num_subbands), float(cfg.se_max), bytes_per_sb_se)
-        if slots == "autograd":
-            for _ in range(K):
-                c, c_sum, served, tx_frac = _l1_slot(w, w_sum, c, c_sum, served, tx_frac, log_cum, snr_lin,
-                                                     tau, *consts)
-        else:
-            keep_tape = slots == "tape"
-            served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, tau, K, *consts, keep_tape)
+        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, gate, tau, K, L, *consts,
+                                                  slots == "tape")
     else:
-        for _ in range(K):
-            busy = relax.soft_busy(w_sum - (w * c).sum(-1), tau)
-            n = busy.sum(-1, keepdim=True)
-            share = cfg.num_subbands / relax.smax(n, 1.0, tau)
-            se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), cfg.se_max, tau)
-            served = served + share * se * bytes_per_sb_se
-            tx_frac = tx_frac + busy * relax.smin(share, 1.0, tau)
-            c_sum = c_sum + c
-            c = relax.soft_ge(served.unsqueeze(-1), cum, tau)
+        if relax.is_hard(tau):
+            def completion(s):
+                return relax.soft_ge(s.unsqueeze(-1), cum, tau)
+        else:
+            log_cum = relax._log_pos(cum) / tau
+
+            def completion(s):
+                return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
+        c_sum = torch.zeros_like(x)
+        served = torch.zeros_like(w_sum)
+        tx_frac = torch.zeros_like(w_sum)
+        for k in range(K):
+            c, c_sum, served, tx_frac = _l1_slot(w, w_sum, c, c_sum, served, tx_frac, completion, snr_lin, tau,
+                                                 consts, gate if k < L else None)
     c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
     # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
     fin = c - c_sum / K
@@ -144,7 +150,7 @@ def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
         alloc = m * relax.smin_const(share / m, 1.0, tau)
     gain = relax.harmonic(n)
     se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
-    rate = alloc * se * cfg.subband_hz / 8.0  # B/s while backlogged
+    rate = alloc * se * cfg.bytes_per_se_s  # B/s while backlogged
     # With no robot backlogged (n = 0, G = 0) the rate is 0 and nothing is queued; keep the
     # served bytes (and log(served) in fifo_serve) away from exact 0.
     rate = torch.where(rate > 0, rate, 1.0)
@@ -178,7 +184,7 @@ class StepInputs(typing.NamedTuple):
     @classmethod
     def build(cls, msg_bytes, snr_db, tx_dbm, deadline, *, cfg: CellConfig, mode: str, tau: float,
               tau_n: float) -> "StepInputs":
-        snr_lin = radio.db_to_lin(snr_db)
+        snr_lin = radio.rate_snr_lin(snr_db, cfg)  # the calibration's SNR offset; tx_w keeps the power
         return cls(msg_bytes, snr_lin, radio.dbm_to_w(tx_dbm), deadline,
                    *cls._derived(snr_lin, deadline, cfg, mode, tau, tau_n), (tau, tau_n))
 
@@ -267,7 +273,7 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
 
     # 2. Service.
     if mode == "L1":
-        c, fin, served, tx_s, rest = _service_l1(x, w, snr_lin, cfg, tau, slots)
+        c, fin, served, tx_s, rest = _service_l1(x, w, mass_before, snr_lin, cfg, tau, slots)
     else:
         c, fin, served, tx_s, rest = _service_qa(x, w, mass_before, snr_lin, headroom, cfg, tau)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)

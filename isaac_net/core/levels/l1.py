@@ -12,6 +12,11 @@ class NetFluid(DiscreteLevel):
     """For each of the K UL slots, ``share = S / max(n, 1)`` subbands per backlogged robot,
     ``se = min(log2(1 + snr / max(share, 1)), se_max)``, and ``share * se * subband_hz *
     slot_s / 8`` bytes offered to the robot, served FIFO. Unused capacity is lost.
+
+    Calibration constants (``CellConfig``): the bytes per slot are scaled by ``rate_factor``,
+    the SNR of the spectral efficiency is raised by ``snr_offset_db`` and a robot whose queue was
+    empty before this step's capture is neither backlogged nor served in the first
+    ``l1_sr_slots`` slots (its latency floor, as QA's SR offset).
     """
 
     name = "L1"
@@ -22,20 +27,23 @@ class NetFluid(DiscreteLevel):
         cum = q.bytes.cumsum(-1)  # [E, R, F] bytes queued up to and including each message
         total = cum[..., -1]  # [E, R]
         valid = q.valid
-        snr_lin = radio.db_to_lin(ctx.snr_db)
+        snr_lin = radio.rate_snr_lin(ctx.snr_db, cfg)
         # Share, SE and rate depend on the slot only through n, the number of backlogged robots
         # of the cell: tabulate them for n = 0..R once per step, then each slot is a lookup.
         n_all = torch.arange(snr_lin.shape[-1] + 1, dtype=self.dtype, device=snr_lin.device)
         share_n = cfg.num_subbands / torch.clamp(n_all, min=1.0)  # [R + 1]
         se_n = torch.clamp(torch.log2(1.0 + snr_lin.unsqueeze(-1) / torch.clamp(share_n, min=1.0)),
                            max=cfg.se_max)
-        rate_n = share_n * se_n * (cfg.subband_hz * cfg.slot_s / 8.0)  # [E, R, R + 1] bytes per slot
+        rate_n = share_n * se_n * cfg.bytes_per_se_slot  # [E, R, R + 1] bytes per slot
         tx_n = torch.clamp(share_n, max=1.0) * cfg.slot_s  # [R + 1] s at full power per slot
         served = torch.zeros_like(total)  # bytes offered since the step began
         tx_time = torch.zeros_like(total)
         served_by_slot = []
-        for _ in range(cfg.num_slots):
+        late = ctx.was_empty & ctx.captured  # waits l1_sr_slots slots for its first grant
+        for k in range(cfg.num_slots):
             is_backlogged = served < total
+            if k < cfg.l1_sr_slots:
+                is_backlogged = is_backlogged & ~late
             n = is_backlogged.sum(-1, keepdim=True)  # [E, 1]
             rate = rate_n.gather(-1, n.expand_as(served).unsqueeze(-1)).squeeze(-1)
             served = served + torch.where(is_backlogged, rate, 0.0)

@@ -149,6 +149,10 @@ class NetL2Legacy(DiscreteLevel):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed: expected an integer or None, got {seed!r}")
         cfg, l2, dev = self.cfg, self.l2, self.device
+        if cfg.is_calibrated:  # the ground truth the constants are fitted to has none of its own
+            raise ValueError("cfg: L2-legacy takes no calibration constants (rate_factor, snr_offset_db, "
+                             "l1_sr_slots are effective physics of the fluid levels); got "
+                             f"{(cfg.rate_factor, cfg.snr_offset_db, cfg.l1_sr_slots)}")
         A, S, P, K2 = cfg.timeout_steps, cfg.num_subbands, l2.harq_rtt_slots, l2.k2_slots
 
         self.generator = torch.Generator(device=dev)

@@ -13,6 +13,8 @@ class NetQA(DiscreteLevel):
     ``m = max(floor(snr / snr_req), 1)``, ``alloc = min(share, m)``, PF gain ``G = H(n)``,
     ``se = min(log2(1 + G snr / max(alloc, 1)), se_max)``, rate ``alloc se subband_hz / 8``
     B/s, service starting ``qa_sr_slots`` slots late for a robot whose queue was empty.
+    The calibration constants scale the rate by ``rate_factor`` and raise the SNR of the
+    spectral efficiency and of the headroom cap by ``snr_offset_db``.
     """
 
     name = "QA"
@@ -32,13 +34,13 @@ class NetQA(DiscreteLevel):
         is_backlogged = total > 0
         n = is_backlogged.sum(-1, keepdim=True)  # [E, 1]
         share = cfg.num_subbands / torch.clamp(n, min=1).to(self.dtype)
-        snr_lin = radio.db_to_lin(ctx.snr_db)
+        snr_lin = radio.rate_snr_lin(ctx.snr_db, cfg)
         req_lin = 10.0 ** (cfg.qa_snr_req_db / 10.0)
         m = torch.clamp(torch.floor(snr_lin / req_lin), min=1.0)
         alloc = torch.minimum(share, m)
         gain = self._harmonic[n]  # [E, 1]
         se = torch.clamp(torch.log2(1.0 + gain * snr_lin / torch.clamp(alloc, min=1.0)), max=cfg.se_max)
-        rate = alloc * se * cfg.subband_hz / 8.0  # B/s
+        rate = alloc * se * cfg.bytes_per_se_s  # B/s
         zero = torch.zeros_like(total)
         sr_s = torch.where(ctx.was_empty & ctx.captured, zero + cfg.qa_sr_slots * cfg.slot_s, zero)
         avail_s = cfg.step_s - sr_s
