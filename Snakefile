@@ -1,10 +1,10 @@
-# The "Checks and measurements" pipeline (DESIGN.md §4). Wiring only: the logic is in
+# The "Checks and measurements" pipeline (docs/design.md, "The pipeline"). Wiring only: the logic is in
 # workflow/rules/common.smk, each stage's rule in its own file.
 #
 #   snakemake --cores 32 report                              # full profile (config/config.yaml)
 #   snakemake --cores 2 report --configfile config/ci.yaml   # another profile (target first:
 #                                                            # --configfile takes several files)
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
 
@@ -12,14 +12,17 @@ min_version("8.0")
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# Snakemake's HTML report (snakemake --report report.html): the page, figures and artifacts, captioned.
+report: "workflow/report/workflow.rst"
 
 
+# common.smk coerces command-line overrides, validates the config and checks its cross-field rules.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/equivalence.smk"
 include: "workflow/rules/convergence.smk"
 include: "workflow/rules/gradcheck.smk"
 include: "workflow/rules/cost.smk"
+include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/studies.smk"
 
 
@@ -27,14 +30,27 @@ include: "workflow/rules/studies.smk"
 localrules:
     all,
     report,
+    page,
 
 
 rule all:
     input:
-        page=PAGE,
+        PAGE,
+        TRACE,
+        *ALL_ARTIFACTS.values(),
 
 
+# The target: the page and every artifact it renders. A rule without output or action, so
+# Snakemake checks that each input exists and plans the stage of a missing one (a rule with
+# an output, like page, is only rerun when its output is older or missing).
 rule report:
+    input:
+        page=PAGE,
+        trace=TRACE,
+        **ALL_ARTIFACTS,
+
+
+rule page:
     input:
         **ALL_ARTIFACTS,
         template="reports/checks_and_measurements.md.j2",
@@ -42,16 +58,17 @@ rule report:
         checker="reports/check_numbers.py",
         schema="workflow/schemas/artifacts.schema.yaml",
     output:
-        page=PAGE,
+        page=report(PAGE, caption="workflow/report/page.rst", category="page"),
+        trace=report(TRACE, caption="workflow/report/trace.rst", category="page"),
         figures=directory(FIGURES_DIR),
     params:
         profile=PROFILE,
         paths=ALL_ARTIFACTS,
         pending=PENDING_COMMANDS,
     log:
-        f"{RESULTS}/logs/report.log",
+        f"{RESULTS}/logs/page.log",
     benchmark:
-        f"{RESULTS}/bench/report.tsv"
+        f"{RESULTS}/bench/page.tsv"
     threads: 1
     conda:
         "environment.yml"

@@ -1,23 +1,37 @@
-"""Render the "Checks and measurements" page from the stage artifacts.
+"""Render the "Checks and measurements" page from the stage artifacts, and trace every number.
 
 The page is ``reports/checks_and_measurements.md.j2`` filled from the JSON artifacts of
 one profile (``benchmarks/diff/results/<profile>/*.json``) and nothing else: a missing
 value fails the render (``StrictUndefined``), an artifact that does not match
 ``workflow/schemas/artifacts.schema.yaml`` fails with the artifact, the key and the
-reason, and a stage without an artifact renders as "pending" with the command that
-produces it. After rendering, every number on the page is checked against the artifacts
-(``check_numbers.py``). Figures named by the artifacts are copied next to the page.
+reason, an artifact of another profile than the page's fails, and a stage without an
+artifact renders as "pending" with the command that produces it.
 
-Usage (the pipeline's ``report`` rule calls it as a script)::
+Tracing. The template sees the artifacts through ``Artifacts``: objects and lists whose
+items carry their file and key path (``sensitivity.summary.L1D_rb_sign_agree_frac``).
+A number of an artifact is a ``TNum``; it reaches the page only through a number filter
+(``num``, ``fix``, ``pct``, ``cell``), which records (key, value, text) and marks where the
+text lands. Printing a number without a filter, printing a template literal, or passing a
+null, a NaN or a string to a number filter fails the render with the file and the key.
+The trace is written next to the page (``<page>.trace.json``) and ``check_numbers.py``
+fails on any number on the page that no traced span covers. Figures named by the
+artifacts are copied next to the page.
+
+Usage (the pipeline's ``page`` rule calls it as a script)::
 
     python reports/render.py --results benchmarks/diff/results/ci --page /tmp/page.md
 """
 
 import argparse
+import contextvars
+import hashlib
 import json
 import math
+import operator
+import re
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
@@ -29,8 +43,8 @@ REPO = HERE.parent
 TEMPLATE = HERE / "checks_and_measurements.md.j2"
 SCHEMA = REPO / "workflow" / "schemas" / "artifacts.schema.yaml"
 # The stages the page has a section for, in page order.
-STAGES = ("equivalence", "convergence", "convergence_curves", "gradcheck", "fd_check", "sensitivity",
-          "opt_rates", "placement", "nn_proxy", "cost")
+STAGES = ("equivalence", "convergence", "convergence_curves", "gradcheck", "fd_check", "calibration",
+          "sensitivity", "opt_rates", "placement", "nn_proxy", "cost")
 
 sys.path.insert(0, str(HERE))
 from check_numbers import check_page  # noqa: E402
@@ -40,18 +54,288 @@ class ArtifactError(ValueError):
     """An artifact is not readable or does not match its schema."""
 
 
+# ---------------------------------------------------------------------------- tracing
+class TraceError(ValueError):
+    """A number filter got no number (null, NaN, a string), or a number reached the page
+    without a filter."""
+
+
+class _Node:
+    """An artifact value on its way to the page: its file and its key path
+    (``sensitivity.summary.L1D_rb_sign_agree_frac``, ``cost.table[3].forward_s``)."""
+
+    __slots__ = ("_src", "_key")
+
+    def __init__(self, src: str, key: str):
+        self._src, self._key = src, key
+
+    def _where(self) -> str:
+        return f"{self._src}: {self._key}"
+
+
+class TNum(_Node):
+    """A number of an artifact. Arithmetic and comparisons work on its value; arithmetic keeps
+    the keys (``(gradcheck.summary.num_checks - gradcheck.summary.num_pass)``). It cannot be
+    printed except through a number filter."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value, src: str, key: str):
+        super().__init__(src, key)
+        self.value = value
+
+    def __str__(self):
+        raise TraceError(f"{self._where()} = {self.value!r} printed without a number filter "
+                         "(num, fix, pct, cell)")
+
+    __format__ = lambda self, spec: self.__str__()  # noqa: E731
+    def __repr__(self):
+        return f"<{self._key} = {self.value!r}>"
+
+    def __bool__(self):
+        return bool(self.value)
+
+    def __float__(self):
+        return float(self.value)
+
+    def __int__(self):
+        return int(self.value)
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def _bin(self, other, op, sym, swap=False):
+        ov, okey = (other.value, other._key) if isinstance(other, TNum) else (other, repr(other))
+        a, b = (ov, self.value) if swap else (self.value, ov)
+        ka, kb = (okey, self._key) if swap else (self._key, okey)
+        return TNum(op(a, b), self._src, f"({ka} {sym} {kb})")
+
+    def __add__(self, o): return self._bin(o, operator.add, "+")  # noqa: E704
+    def __radd__(self, o): return self._bin(o, operator.add, "+", swap=True)  # noqa: E704
+    def __sub__(self, o): return self._bin(o, operator.sub, "-")  # noqa: E704
+    def __rsub__(self, o): return self._bin(o, operator.sub, "-", swap=True)  # noqa: E704
+    def __mul__(self, o): return self._bin(o, operator.mul, "*")  # noqa: E704
+    def __rmul__(self, o): return self._bin(o, operator.mul, "*", swap=True)  # noqa: E704
+    def __truediv__(self, o): return self._bin(o, operator.truediv, "/")  # noqa: E704
+    def __rtruediv__(self, o): return self._bin(o, operator.truediv, "/", swap=True)  # noqa: E704
+
+    def __neg__(self):
+        return TNum(-self.value, self._src, f"-{self._key}")
+
+    def __abs__(self):
+        return TNum(abs(self.value), self._src, f"abs({self._key})")
+
+    def __round__(self, n=None):
+        return TNum(round(self.value, n), self._src, f"round({self._key})")
+
+    def _cmp(self, other, op):
+        return op(self.value, other.value if isinstance(other, TNum) else other)
+
+    def __eq__(self, o): return self._cmp(o, operator.eq)  # noqa: E704
+    def __ne__(self, o): return self._cmp(o, operator.ne)  # noqa: E704
+    def __lt__(self, o): return self._cmp(o, operator.lt)  # noqa: E704
+    def __le__(self, o): return self._cmp(o, operator.le)  # noqa: E704
+    def __gt__(self, o): return self._cmp(o, operator.gt)  # noqa: E704
+    def __ge__(self, o): return self._cmp(o, operator.ge)  # noqa: E704
+
+
+class TNull(_Node):
+    """A JSON null of an artifact (or a key that ``get`` did not find): ``is none`` is true,
+    a number filter fails naming the key."""
+
+    __slots__ = ()
+
+    def __bool__(self):
+        return False
+
+    def __eq__(self, other):
+        return other is None or isinstance(other, TNull)
+
+    def __hash__(self):
+        return hash(None)
+
+    def __str__(self):
+        raise TraceError(f"{self._where()} is null, printed without a test: say in words that it has "
+                         "no value (`{% if x is none %}`)")
+
+    def __repr__(self):
+        return f"<{self._key} = null>"
+
+
+class TKey(str):
+    """A key of an artifact's object (a string; ``num`` prints it when it spells a number)."""
+
+    def __new__(cls, text: str, src: str, key: str):
+        obj = super().__new__(cls, text)
+        obj._src, obj._key = src, key
+        return obj
+
+
+def wrap(value, src: str, key: str):
+    """The traced view of a JSON value: objects and lists whose items carry their key path."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return value
+    if value is None:
+        return TNull(src, key)
+    if isinstance(value, (int, float)):
+        return TNum(value, src, key)
+    if isinstance(value, dict):
+        return TDict(value, src, key)
+    if isinstance(value, list):
+        return TList(value, src, key)
+    raise TraceError(f"{src}: {key}: not a JSON value ({type(value).__name__})")
+
+
+_PLAIN_KEY = re.compile(r"[\w-]+")  # other keys are written ["a key.with dots"] in a key path
+
+
+class TDict(_Node, Mapping):
+    """A JSON object; ``d.k`` and ``d["k"]`` give traced items."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict, src: str, key: str):
+        super().__init__(src, key)
+        self._data = data
+
+    def _child(self, k) -> str:
+        if not self._key:
+            return str(k)
+        return f"{self._key}.{k}" if _PLAIN_KEY.fullmatch(str(k)) else f"{self._key}[{json.dumps(k)}]"
+
+    def __getitem__(self, k):
+        return wrap(self._data[k], self._src, self._child(k))
+
+    def __getattr__(self, k):
+        if k.startswith("_"):
+            raise AttributeError(k)
+        try:
+            return self[k]
+        except KeyError:
+            raise AttributeError(f"{self._where()} has no key {k!r}") from None
+
+    def __iter__(self):
+        return (TKey(k, self._src, f"{self._child(k)} (the key)") for k in self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, k):
+        return k in self._data
+
+    def get(self, k, default=None):
+        if k in self._data:
+            return self[k]
+        return TNull(self._src, self._child(k)) if default is None else default
+
+    def __str__(self):
+        raise TraceError(f"{self._where()}: a whole object printed")
+
+    def __repr__(self):
+        return f"<{self._key}: object>"
+
+
+class TList(_Node, Sequence):
+    """A JSON list; items carry ``key[i]``."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: list, src: str, key: str):
+        super().__init__(src, key)
+        self._data = data
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._data)))]
+        i = int(i)
+        return wrap(self._data[i], self._src, f"{self._key}[{i % len(self._data) if self._data else i}]")
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, x):
+        x = x.value if isinstance(x, TNum) else x
+        return x in self._data
+
+    def __str__(self):
+        raise TraceError(f"{self._where()}: a whole list printed")
+
+    def __repr__(self):
+        return f"<{self._key}: list>"
+
+
+class Artifacts(TDict):
+    """The loaded artifacts by stage name; ``a.sensitivity.summary.x`` is traced from
+    ``sensitivity.json``."""
+
+    __slots__ = ("_sources",)
+
+    def __init__(self, artifacts: dict[str, dict], sources: dict[str, str]):
+        super().__init__(artifacts, "", "")
+        self._sources = sources
+
+    def __getitem__(self, k):
+        return wrap(self._data[k], self._sources.get(k, f"{k}.json"), k)
+
+
+# Markers around each traced number in the rendered text (private-use code points): start,
+# entry id, separator, text, end. build() strips them and records where each number landed.
+_START, _SEP, _END = "\ue000", "\ue001", "\ue002"
+_MARKED = re.compile(f"{_START}(\\d+){_SEP}(.*?){_END}", re.S)
+_TRACE: contextvars.ContextVar[list | None] = contextvars.ContextVar("trace", default=None)
+
+
+def _traced(x, text: str) -> str:
+    """``text`` (the rendering of ``x``), recorded in the current trace."""
+    trace = _TRACE.get()
+    if trace is None:  # formatting outside a render (tests, scripts)
+        return text
+    trace.append({"key": x._key, "file": x._src, "value": x.value if isinstance(x, TNum) else str(x),
+                  "text": text})
+    return f"{_START}{len(trace) - 1}{_SEP}{text}{_END}"
+
+
+def _number(x, filt: str):
+    """The value of a traced number; anything else fails naming the key where it has one."""
+    if isinstance(x, jinja2.Undefined):
+        x._fail_with_undefined_error()
+    if isinstance(x, TNum):
+        v = x.value
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TraceError(f"{x._where()} is {v!r}, not a finite number ({filt})")
+        return v
+    if isinstance(x, TKey):
+        try:
+            return float(x) if any(c in x for c in ".eE") else int(x)
+        except ValueError:
+            raise TraceError(f"{x._src}: {x._key} {str(x)!r} is not a number ({filt})") from None
+    if isinstance(x, TNull):
+        raise TraceError(f"{x._where()} is null ({filt}): test it in the template (`is none`) and say "
+                         "in words that it has no value")
+    if isinstance(x, _Node):
+        raise TraceError(f"{x._where()} is not a number ({filt})")
+    if isinstance(x, str):
+        raise TraceError(f"{filt}: the string {x!r} is not a number")
+    raise TraceError(f"{filt}: {x!r} does not come from an artifact (no key); print artifact values only")
+
+
+def _guard(value):
+    """jinja's finalize: nothing untraced or unformatted reaches the page."""
+    if isinstance(value, (TNum, TNull, TDict, TList)):
+        str(value)  # raises, naming the key
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise TraceError(f"the number {value!r} reached the page without an artifact key; print artifact "
+                         "values through num, fix, pct or cell")
+    return value
+
+
 # ---------------------------------------------------------------------------- formatting
-def num(x, sig: int = 3) -> str:
-    """A number with ``sig`` significant digits; integers as integers; tiny/huge in e-notation."""
-    if x is None:
-        return "n/a"
+def _num(x, sig: int = 3) -> str:
     if isinstance(x, bool):
         raise TypeError(f"num: expected a number, got the boolean {x!r}")
     if isinstance(x, int):
         return str(x)
     x = float(x)
-    if not math.isfinite(x):
-        return "n/a"
     if x == 0:
         return "0"
     if abs(x) < 1e-3 or abs(x) >= 1e6:
@@ -64,34 +348,46 @@ def num(x, sig: int = 3) -> str:
     return s
 
 
+def num(x, sig: int = 3) -> str:
+    """A number with ``sig`` significant digits; integers as integers; tiny/huge in e-notation."""
+    return _traced(x, _num(_number(x, "num"), sig))
+
+
 def fix(x, decimals: int = 3) -> str:
     """A number with a fixed number of decimals (tables)."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return f"{float(x):.{decimals}f}"
+    return _traced(x, f"{float(_number(x, 'fix')):.{decimals}f}")
 
 
 def pct(x, sig: int = 2) -> str:
     """A value already in percent, with its unit."""
-    return f"{num(x, sig)} %"
+    return _traced(x, _num(_number(x, "pct"), sig)) + " %"
 
 
 def cell(v) -> str:
-    """A table cell of any JSON value."""
+    """A table cell: a number, yes/no, a list of numbers, or text (pipes escaped). Null fails:
+    test for it and write what it means."""
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if v is None:
-        return "n/a"
-    if isinstance(v, (int, float)):
+    if isinstance(v, (TNum, TNull)) or v is None or isinstance(v, (int, float)):
         return num(v)
-    if isinstance(v, list):
+    if isinstance(v, TList):
         return ", ".join(cell(x) for x in v)
-    if isinstance(v, dict):
-        return ", ".join(f"{k}: {cell(x)}" for k, x in v.items())
+    if isinstance(v, TDict):
+        raise TraceError(f"{v._where()}: an object in one table cell")
     return str(v).replace("|", "\\|")
 
 
-def columns(rows: list[dict]) -> list[str]:
+def size(x) -> TNum:
+    """The number of items of a traced list (or of a selection of its items), traced."""
+    if isinstance(x, TList):
+        return TNum(len(x), x._src, f"len({x._key})")
+    items = list(x)
+    keys = [i._key for i in items if isinstance(i, _Node)]
+    src = next((i._src for i in items if isinstance(i, _Node)), "")
+    return TNum(len(items), src, f"len([{', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}])")
+
+
+def columns(rows) -> list[str]:
     """Union of the row keys in first-appearance order."""
     cols: list[str] = []
     for r in rows:
@@ -143,39 +439,100 @@ def environment(folder: Path = TEMPLATE.parent) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_guard,
     )
-    env.filters.update(num=num, fix=fix, pct=pct, cell=cell, columns=columns, words=words, dmodel=dmodel)
+    env.filters.update(num=num, fix=fix, pct=pct, cell=cell, size=size, columns=columns, words=words,
+                       dmodel=dmodel)
+    env.tests["none"] = lambda v: v is None or isinstance(v, TNull)
+    env.tests["number"] = lambda v: isinstance(v, TNum) or (isinstance(v, (int, float))
+                                                            and not isinstance(v, bool))
     return env
 
 
-def render(artifacts: dict[str, dict], paths: dict[str, str], pending: dict[str, str], profile: str,
-           figure_links: dict[str, str] | None = None, template: str | Path = TEMPLATE) -> str:
-    """The page as a string.
+def render_traced(artifacts: dict[str, dict], paths: dict[str, str], pending: dict[str, str], profile: str,
+                  figure_links: dict[str, str] | None = None, template: str | Path = TEMPLATE,
+                  sources: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """The page and its trace: one entry per number the filters printed (key, file, value,
+    text, and the character spans where it landed on the page).
 
     :param artifacts: stage name -> artifact data (only the stages that have one).
     :param paths: stage name -> artifact path as shown on the page (every stage).
     :param pending: stage name -> command that produces the artifact (every stage).
     :param figure_links: stage name -> link of its figure relative to the page.
+    :param sources: stage name -> artifact file named in the trace and in errors (default: ``paths``).
     """
     unknown = sorted(set(artifacts) - set(STAGES))
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; expected some of: {', '.join(STAGES)}")
     template = Path(template)
     tpl = environment(template.parent).get_template(template.name)
-    return tpl.render(a=artifacts, paths=paths, pending=pending, profile=profile,
-                      figures=figure_links or {}, stages=STAGES)
+    trace: list[dict] = []
+    token = _TRACE.set(trace)
+    try:
+        marked = tpl.render(a=Artifacts(artifacts, sources or paths), paths=paths, pending=pending,
+                            profile=profile, figures=figure_links or {}, stages=STAGES)
+    finally:
+        _TRACE.reset(token)
+    for entry in trace:
+        entry["spans"] = []
+    out, pos = [], 0
+    for m in _MARKED.finditer(marked):
+        out.append(marked[pos:m.start()])
+        at = sum(map(len, out))
+        trace[int(m.group(1))]["spans"].append([at, at + len(m.group(2))])
+        out.append(m.group(2))
+        pos = m.end()
+    out.append(marked[pos:])
+    text = "".join(out)
+    if any(c in text for c in (_START, _SEP, _END)):
+        raise TraceError("a number filter's output was cut or nested in the template (stray trace marker)")
+    return text, trace
 
 
-def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str, page: str | Path,
-          figures_dir: str | Path) -> str:
-    """Load and validate the artifacts that exist, render, copy figures, check numbers, write."""
-    page, figures_dir = Path(page), Path(figures_dir)
+def render(*args, **kwargs) -> str:
+    """The page as a string (``render_traced`` without the trace)."""
+    return render_traced(*args, **kwargs)[0]
+
+
+def trace_document(text: str, trace: list[dict], profile: str) -> dict:
+    """What ``check_numbers.py`` reads next to the page: the page's hash and every traced number."""
+    return {"profile": profile, "page_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "numbers": [e for e in trace if e["spans"]]}
+
+
+def _shown(path: str) -> str:
+    """An artifact's file as the trace names it: relative to the repository when inside it."""
+    full = Path(path).resolve()
+    return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else str(full)
+
+
+def trace_path(page: str | Path) -> Path:
+    """``page.md`` -> ``page.trace.json``."""
+    page = Path(page)
+    return page.with_name(page.stem + ".trace.json")
+
+
+def load_all(artifact_paths: dict[str, str], profile: str) -> tuple[dict, dict]:
+    """The artifacts that exist, validated, each of ``profile``; and their files."""
     schema = _schema()
     artifacts, sources = {}, {}
     for name, path in artifact_paths.items():
         if Path(path).exists():
-            artifacts[name] = load_artifact(name, path, schema)
-            sources[name] = Path(path)
+            data = load_artifact(name, path, schema)
+            theirs = data["provenance"]["profile"]
+            if theirs != profile:
+                raise ArtifactError(f"{path}: artifact {name!r} is of profile {theirs!r}, the page is of "
+                                    f"profile {profile!r} (rerun its stage for this profile)")
+            artifacts[name], sources[name] = data, Path(path)
+    return artifacts, sources
+
+
+def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str, page: str | Path,
+          figures_dir: str | Path, trace: str | Path | None = None) -> str:
+    """Load and validate the artifacts that exist, render, copy figures, check the numbers
+    against the trace, write the page and its trace (default: ``trace_path(page)``)."""
+    page, figures_dir = Path(page), Path(figures_dir)
+    artifacts, sources = load_all(artifact_paths, profile)
     figure_links = {}
     figures_dir.mkdir(parents=True, exist_ok=True)
     for name, data in artifacts.items():
@@ -185,12 +542,17 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
                 raise ArtifactError(f"{sources[name]}: figure {data['figure']!r} not found at {src}")
             shutil.copyfile(src, figures_dir / src.name)
             figure_links[name] = str((figures_dir / src.name).relative_to(page.parent))
-    text = render(artifacts, {k: str(v) for k, v in artifact_paths.items()}, pending, profile, figure_links)
-    problems = check_page(text, base=REPO)
+    paths = {k: str(v) for k, v in artifact_paths.items()}
+    text, entries = render_traced(artifacts, paths, pending, profile, figure_links,
+                                  sources={k: _shown(v) for k, v in paths.items()})
+    doc = trace_document(text, entries, profile)
+    problems = check_page(text, doc)
     if problems:
-        raise ValueError(f"{page}: numbers not found in the artifacts:\n" + "\n".join(problems))
+        raise ValueError(f"{page}: numbers that no artifact key produced:\n" + "\n".join(problems))
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text)
+    trace_file = Path(trace) if trace is not None else trace_path(page)
+    trace_file.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return text
 
 
@@ -198,9 +560,12 @@ def _main_snakemake(smk) -> None:
     with open(smk.log[0], "w") as log:
         sys.stderr = sys.stdout = log
         paths = {name: str(path) for name, path in smk.input.items() if name in STAGES}
-        all_paths = dict(smk.params.paths) | paths
-        build(all_paths, dict(smk.params.pending), smk.params.profile, smk.output.page, smk.output.figures)
-        print(f"wrote {smk.output.page}")
+        missing = sorted(set(STAGES) - set(paths))
+        if missing:
+            raise ValueError(f"the report rule lacks the artifact input(s) {missing}")
+        build(paths, dict(smk.params.pending), smk.params.profile, smk.output.page, smk.output.figures,
+              smk.output.trace)
+        print(f"wrote {smk.output.page} and {smk.output.trace}")
 
 
 def _main_cli() -> None:
@@ -214,7 +579,7 @@ def _main_cli() -> None:
     paths = {name: f"{a.results}/{name}.json" for name in STAGES}
     pending = {name: f"snakemake --cores 32 {p}{option}" for name, p in paths.items()}
     build(paths, pending, profile, a.page, Path(a.page).parent / "figures")
-    print(f"wrote {a.page}")
+    print(f"wrote {a.page} and {trace_path(a.page)}")
 
 
 if __name__ == "__main__":

@@ -424,6 +424,21 @@ def test_qa_step_gradcheck():
     assert torch.autograd.gradcheck(step, inputs, eps=1e-4, atol=1e-5, rtol=1e-3)
 
 
+def test_qa_node_refuses_a_backward_after_an_input_changed_in_place():
+    """The fused QAD node saves the caller's tensors with ``save_for_backward``: changing one in place
+    between forward and backward raises, as for autograd's own nodes, instead of giving wrong gradients."""
+    from isaac_net.core.diff._qa_step import qa_step
+
+    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4, buffer_msgs=3)
+    inputs = _qa_step_inputs(cfg, torch.Generator().manual_seed(6), 0.1, 0.2, zero_factor=False)
+    snr_lin = inputs[5].detach().clone()  # a tensor the caller owns (no grad of its own)
+    out = qa_step(*inputs[:5], snr_lin, *inputs[6:], tau=0.1, tau_n=0.2, cfg=cfg)
+    loss = out.delay_sum.sum() + out.energy_j.sum()
+    snr_lin.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
     """``rollout`` as a loop of ``advance``: QAD's fused step one node per step."""
     from isaac_net.core.diff import relax
@@ -455,7 +470,8 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends):
             if how == "steps":
                 k = _rollout_by_steps(net, s.T, p, B, snr, dl, sends, u, warmup=3)
             else:
-                k = rollout(net, s.T, p, B, snr_db=snr, deadline=dl, sends=sends, u=u, warmup=3)
+                k = rollout(net, s.T, p, B, snr_db=snr, deadline=dl, sends=sends,
+                            u=None if sends == "mean_field" else u, warmup=3)
             total = total + kpi_mix(k) + k["timeouts"].sum() + k["overflow"].sum() + k["queued_msgs"].sum()
         out[how] = (total.detach(), *torch.autograd.grad(total, (p, B, snr, dl)))
     # the same ops step by step: equal to rounding; autograd of _step sums in another order (relaxed

@@ -1,4 +1,4 @@
-"""L2-legacy: each mechanism alone, then the whole level (DESIGN.md §2 "L2-legacy").
+"""L2-legacy: each mechanism alone, then the whole level (docs/design.md §2 "L2-legacy").
 
 Runs are small (a few hundred slots at most) so the file stays well under a minute on one core.
 """
@@ -406,6 +406,36 @@ def test_same_seed_same_kpis_and_reset_isolation():
         for k in xa:
             torch.testing.assert_close(xa[k][keep], xb[k][keep], rtol=0, atol=0)
         assert bool((xa["aoi"][1] <= t - 3).all())  # the reset env restarted its AoI at t = 4
+
+
+def test_reset_clears_every_state_field_of_the_reset_envs_only():
+    """Every field of ``L2State`` (walked with ``dataclasses.fields``, so a new field is covered) and
+    every counter: back to a fresh engine's values in the reset envs, untouched in the others."""
+    from isaac_net.core.levels.l2_legacy import L2State
+
+    E, R = 5, 3
+    eng = make_engine("L2-legacy", E, R, "cpu", seed=2)
+    g = torch.Generator().manual_seed(9)
+    state = eng.state()
+    for f in dataclasses.fields(L2State):  # random values everywhere: a missed field cannot look reset
+        x = state[f.name]
+        state[f.name] = (torch.rand(x.shape, generator=g) < 0.5 if x.dtype == torch.bool
+                         else torch.randint(1, 9, x.shape, generator=g).to(x.dtype))
+    for k in eng.counters:
+        state[k] = torch.randint(1, 9, (E, R), generator=g).to(state[k].dtype)
+    eng.load_state(state)
+    before = {k: v.clone() for k, v in eng.state().items()}
+    fresh = make_engine("L2-legacy", E, R, "cpu", seed=2).state()
+    reset = torch.tensor([False, True, False, True, False])
+    eng.reset(torch.nonzero(reset).flatten().tolist())
+    after = eng.state()
+    fields = [(f.name, f.metadata["env_dim"]) for f in dataclasses.fields(L2State)]
+    for name, env_dim in fields + [(k, 0) for k in eng.counters]:
+        a, b, z = (x.movedim(env_dim, 0) for x in (after[name], before[name], fresh[name]))
+        assert torch.equal(a[~reset], b[~reset]), name
+        assert torch.equal(a[reset], z[reset]), name
+        assert not torch.equal(b[reset], z[reset]), name  # there was something to clear
+    assert torch.equal(after["gains"], before["gains"])  # the channel runs on through a reset
 
 
 @pytest.mark.parametrize("change", ["tx_dbm", "msg_bytes", "send"])

@@ -1,4 +1,4 @@
-"""The discrete levels L1 and QA against hand-computed cases and invariants (DESIGN.md §2)."""
+"""The discrete levels L1 and QA against hand-computed cases and invariants (docs/design.md §2)."""
 
 import math
 

@@ -7,10 +7,13 @@ replaced by stubs that write the fixture artifacts below, so they need no torch 
 
 import copy
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jinja2
@@ -26,8 +29,8 @@ import render  # noqa: E402
 
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PROFILES = {"full": "config/config.yaml", "smoke": "config/smoke.yaml", "ci": "config/ci.yaml"}
-STAGE_JOBS = {"equivalence", "convergence_table", "convergence_curves", "gradcheck", "fd_check", "cost",
-              "sensitivity", "opt_rates", "placement", "nn_proxy"}
+STAGE_JOBS = {"equivalence", "convergence_table", "convergence_curves", "gradcheck", "fd_check", "calibrate",
+              "cost", "sensitivity", "opt_rates", "placement", "nn_proxy"}
 STUDIES = ("sensitivity", "opt_rates", "placement", "nn_proxy")
 
 
@@ -162,20 +165,127 @@ def fixture_artifacts() -> dict[str, dict]:
             "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
             "provenance": _prov("cost", cost_cfg)}
 
-    sensitivity = {"summary": {"num_seeds": 2, "tx_grad_aoi": -0.79, "sign_agreement": 0.875},
-                   "table": [{"input": "tx", "relaxed": -0.79, "l2_fd": -0.61}],
-                   "provenance": _prov("sensitivity", {"seed": 7, "E": 16, "T": 60})}
+    sensitivity = sensitivity_artifact()
     return {"equivalence": equivalence, "convergence": convergence, "convergence_curves": convergence_curves,
-            "gradcheck": gradcheck, "fd_check": fd_check, "cost": cost, "sensitivity": sensitivity}
+            "gradcheck": gradcheck, "fd_check": fd_check, "cost": cost, "sensitivity": sensitivity,
+            "calibration": calibration_artifact(), "opt_rates": optimisation_artifact("opt_rates")}
+
+
+def sensitivity_artifact() -> dict:
+    """A sensitivity artifact made by the stage's own ``merge`` from two synthetic points: one
+    calibrated model agreeing with the FD, its uncalibrated self off by a factor 20 and with
+    one wrong sign (d delay / d tx dB at the held-out point)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import sensitivity
+
+    params = {"level": "L2-legacy", "n_seeds": 4, "envs_per_seed": 2, "R": 8, "T": 60, "warmup": 10,
+              "tau": 0.05, "lam": 0.1, "modes": ["L1"], "sends": ["rb"],
+              "fd_steps": {"p": 0.05, "kbytes": 2.0, "tx_db": 1.0, "dist_m": 5.0},
+              "ops": [{"name": "heavy", "p": 0.5, "sizes_bytes": [20000], "tx_dbm": 23.0, "area_m": [40.0, 140.0]},
+                      {"name": "far", "p": 0.3, "sizes_bytes": [12000], "tx_dbm": 23.0,
+                       "area_m": [100.0, 200.0], "held_out": True}],
+              "targets": {"models": ["L1D rb cal"], "sign_agree_min": 0.95, "median_ratio": [0.67, 1.5],
+                          "within_x2_min": 0.75, "l1d_mf_sign_agree_min": 0.9}}
+    parts = []
+    for op in params["ops"]:
+        rows = []
+        for kpi in sensitivity.KPIS:
+            for name in sensitivity.INPUTS:
+                fd = 2.0 if kpi != "delivery_ratio" else 0.01
+                resolved = kpi != "delivery_ratio"
+                for cal in (False, True):
+                    wrong = not cal and op["name"] == "far" and (kpi, name) == ("mean_delay", "tx_db")
+                    ratio = 1.1 if cal else (-0.05 if wrong else 0.05)
+                    verdict = ("fd_not_resolved" if not resolved else "sign_wrong" if wrong else "sign_ok")
+                    rows.append({"op": op["name"], "held_out": op.get("held_out", False), "kpi": kpi, "input": name,
+                                 "derivative": f"d {sensitivity.KPI_LABEL[kpi]} / d {sensitivity.INPUT_LABEL[name]}",
+                                 "model": "L1D rb" + (" cal" if cal else ""), "mode": "L1", "sends": "rb",
+                                 "calibrated": cal, "grad_mean": ratio * fd, "grad_std": 0.1, "fd_mean": fd,
+                                 "fd_se": 0.2, "fd_significant": resolved, "sign_agree": (not wrong) if resolved else None,
+                                 "verdict": verdict, "ratio": ratio, "ratio_lo": ratio - 0.3, "ratio_hi": ratio + 0.3,
+                                 "ratio_within_x2": (0.5 <= ratio <= 2) if resolved else None, "ci": "bounded",
+                                 "grad": [ratio * fd] * 4, "fd": [fd] * 4})
+        parts.append({"op": op["name"], "rows": rows, "wall_l2_fd_s": 1.0, "wall_models_s": 0.5,
+                      "values": {"op": op["name"], "held_out": op.get("held_out", False), "p": op["p"], "R": 8,
+                                 "sizes_bytes": op["sizes_bytes"], "tx_dbm": op["tx_dbm"], "area_m": op["area_m"],
+                                 "L2": {"delay": 2.26, "delivery": 0.983, "AoI": 3.47, "energy": 1e-3},
+                                 "models": {}}})
+    payload = sensitivity.merge(params, parts, {("L1", "rb"): None})
+    return json.loads(json.dumps({**payload, "provenance": _prov("sensitivity", params)}))
+
+
+def calibration_artifact() -> dict:
+    """A calibration artifact (the calibration file with its summary and table) with distinctive numbers."""
+    cfg = {"seed": 7, "level": "L2-legacy", "R": 8, "area_m": [40.0, 140.0], "envs": 16, "model_envs": 4,
+           "T": 60, "warmup": 10, "tau": 0.05, "lam": 0.1, "modes": ["L1"], "sends": ["relaxed"],
+           "grid": {"p": [0.1, 0.8], "sizes_bytes": [6000, 30000], "tx_dbm": [23.0]},
+           "heldout": {"p": [0.5], "sizes_bytes": [12000], "tx_dbm": [18.0]},
+           "sweep": {"p": [0.2, 0.8], "sizes_bytes": [12000, 20000], "tx_dbm": [23.0]},
+           "search": {"rate_factor": [0.5, 1.0], "snr_offset_db": [-4.0, 0.0], "sr_slots": {"L1": [0, 16]},
+                      "refine_top": 1, "refine_evals": 30}, "cell": {}}
+    setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5, "delivery_ratio": 1.0},
+             "delivery_unit": 0.1, "evaluations": 38}
+    row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508, "snr_offset_db": -2.63,
+           "sr_field": "l1_sr_slots", "sr_slots": 16, "train_loss_uncalibrated": 18.1, "train_loss": 0.257,
+           "heldout_loss_uncalibrated": 24.6, "heldout_loss": 0.222, "evaluations": 38, "wall_fit_s": 96.5,
+           "sweep_loss_uncalibrated": 20.5, "sweep_loss": 0.31}
+    return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
+            "summary": {"models": 1, "grid_points": 4, "heldout_points": 1, "envs_per_point": 16,
+                        "model_envs_per_point": 4, "R": 8, "T": 60, "warmup": 10, "tau": 0.05, "lam": 0.1,
+                        "area_lo_m": 40.0, "area_hi_m": 140.0, "all_improve_sweep": True, "sweep_points": 4,
+                        "worst_heldout_loss": 0.222, "all_improve_heldout": True},
+            "table": [row], "figure": "calibration.png", "provenance": _prov("calibration", cfg)}
+
+
+def optimisation_artifact(name: str) -> dict:
+    """An opt_rates / placement artifact: start, two gradient runs and the baselines, scored on L2-legacy."""
+    cfg = {"seed": 7, "level": "L2-legacy", "lr": 0.1, "targets": {"solution": "gradient, L1D relaxed, calibrated",
+                                                                   "start_envs_min": 0.95},
+           "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}, "delivery_min": 0.95,
+                    "penalty": 100.0}}
+    if name == "placement":
+        cfg["move_weight"] = 0.01
+    names = ["start", "gradient, L1D relaxed", "gradient, L1D relaxed, calibrated", "random search"]
+    costs = {"start": 25.4, "gradient, L1D relaxed": 37.0, "gradient, L1D relaxed, calibrated": 3.09,
+             "random search": 28.4}
+    if name == "opt_rates":
+        names.append("uniform policy")
+        costs["uniform policy"] = 3.12
+    table = [{"solution": n, "cost": costs[n], "cost_median": costs[n], "mean_delay": 1.5, "delivery_ratio": 0.995,
+              "mean_aoi": 3.0, "mean_energy_j": 1e-3} for n in names]
+    comps = []
+    for n, better in (("gradient, L1D relaxed", False), ("gradient, L1D relaxed, calibrated", True)):
+        row = {"solution": n, "cost": costs[n], "delivery_ratio": 0.99}
+        for base in ("start", "random search") + (("uniform policy",) if name == "opt_rates" else ()):
+            key = base.replace(" ", "_")
+            d = costs[n] - costs[base]
+            row.update({f"vs_{key}_diff": d, f"vs_{key}_lo": d - 0.5, f"vs_{key}_hi": d + 0.5,
+                        f"vs_{key}_better_envs": 1.0 if d < 0 else 0.0,
+                        f"vs_{key}": "better" if d + 0.5 < 0 else "worse" if d - 0.5 > 0 else "tie"})
+        comps.append(row)
+    return {"summary": {"level": "L2-legacy", "E": 16, "R": 8, "iters": 50, "candidates": 256, "T": 20, "T_eval": 60,
+                        "tau_start": 0.2, "tau_end": 0.02, "models": 2, "ci_pct": 95},
+            "table": table, "comparisons": comps,
+            "targets": {"solution": "gradient, L1D relaxed, calibrated", "available": True, "start_envs_met": True,
+                        "met": True},
+            "uniform_policy": ({"p": 0.3, "tx_dbm": 23.0, "train_cost": 3.0, "policies": 36}
+                               if name == "opt_rates" else None),
+            "history": {n: [{"iter": 0, "tau": 0.2, "model_cost": 5.0, "level_cost_heldout": 9.0}] for n in names
+                        if n.startswith("gradient")},
+            "env_costs": {n: [costs[n]] for n in names}, "figure": f"{name}.png", "provenance": _prov(name, cfg)}
 
 
 def study_artifact(name: str) -> dict:
-    """The generic artifact of a study, with a figure."""
+    """The artifact of a study, with a figure (the generic structure where the page has no section of its own)."""
+    if name in ("opt_rates", "placement"):
+        return optimisation_artifact(name)
+    if name == "sensitivity":
+        return sensitivity_artifact()
     return {"summary": {"score": 5.46}, "table": [{"case": "a", "value": 15.4}], "figure": f"{name}.png",
             "provenance": _prov(name, {"seed": 7})}
 
 
-FIGURES = ("convergence_curves.png", "fd_check.png")
+FIGURES = ("convergence_curves.png", "fd_check.png", "calibration.png", "opt_rates.png")
 
 
 def write_artifacts(folder: Path, artifacts: dict) -> dict[str, str]:
@@ -237,8 +347,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "Signs are physical" in fd
 
     cost = section(page, "## Cost")
-    assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | n/a | 345 | 24.3× |" in cost
-    assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | n/a | 3310 | – |" in cost
+    assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | – | 345 | 24.3× |" in cost
+    assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | – | 3310 | – |" in cost
     assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), "
             "compiled 0.12 s (15× faster; the bar is 7×: met)") in cost
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
@@ -248,23 +358,48 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
     sens = section(page, "## Sensitivity against L2-legacy")
-    assert "- tx_grad_aoi: -0.79" in sens
-    assert "| input | relaxed | l2_fd |" in sens and "| tx | -0.79 | -0.61 |" in sens
+    assert not re.search(r"^- \w+: ", page, re.M), "a key: value bullet on the page"
+    assert "| L1D rb | stage | 12 | 1 | 0.05 | 0 | 0 |" in sens
+    assert "| L1D rb cal | held out | 12 | 1 | 1.1 | 1 | 1 |" in sens
+    assert "| L1D rb | held out | 12 | 0.917 | 0.05 | 0 | 0 |" in sens
+    assert "- L1D rb cal, held-out points: met." in sens
+    assert "Without calibration 1 model rows disagree in sign with L2-legacy; with it 0 do." in sens
+    assert "| far | d delay / d tx dB | 2 ± 0.2 | ✗ -0.05 [-0.35, 0.25] | 1.1 [0.8, 1.4] |" in sens
+    assert "8 of 32 derivatives are not resolved" in sens
     assert "_Provenance (sensitivity): profile `fixture`" in sens
     assert "load average 0.25 at the start and 0.75 at the end, wall time 12.5 s" in sens
+
+    cal = section(page, "## Calibration to L2-legacy")
+    assert "| L1D relaxed | 0.508 | -2.63 | 16 (`l1_sr_slots`) | 18.1 | 0.257 | 24.6 | 0.222 | 38 | 96.5 |" in cal
+    assert "Every model's held-out loss falls with its calibration" in cal
+    assert "the mean point loss is 20.5 → 0.31 for L1D relaxed: every calibrated model is closer" in cal
+    opt = section(page, "## Optimization demo")
+    assert "| gradient, L1D relaxed, calibrated | 3.09 | 3.09 |" in opt
+    assert ("- Through L1D relaxed: **worse than** the start (optimising through this model made the L2-legacy "
+            "cost worse)") in opt
+    assert "- Through L1D relaxed, calibrated: better than the start; better than random search on L2-legacy; " \
+           "no worse than (within the interval) the best uniform policy." in opt
+    assert "better than the start in at least 0.95 of the envs (met)" in opt
+    assert "p = 0.3 and 23 dBm won" in opt
 
     guide = section(page, "## Temperature guidance")
     assert "tau = 0.05 is a reasonable default" in guide and "7.5 % (L1D)" in guide
     assert "the gradcheck stage uses 1e-6 in float64" in guide
     assert "the K = 40 UL slots" in section(page, "## Limits")
-    assert check_numbers.check_page(page) == []
+    trace = json.loads((tmp_path / "page" / "page.trace.json").read_text())
+    assert check_numbers.check_page(page, trace) == []
+    keys = {e["key"] for e in trace["numbers"]}
+    assert {"sensitivity.metrics[0].median_ratio", "convergence.summary.L1_discrete_delay",
+            "cost.table[0].forward_s", "(gradcheck.summary.num_checks - gradcheck.summary.num_pass)"} & keys
+    assert "convergence.summary.L1_discrete_delay" in keys and "cost.table[0].forward_s" in keys
 
 
 def test_absent_artifacts_render_as_pending_with_their_command(tmp_path):
     arts = fixture_artifacts()
-    del arts["cost"], arts["sensitivity"]
+    del arts["cost"], arts["sensitivity"], arts["opt_rates"], arts["calibration"]
     page = build_page(tmp_path, arts)
     for heading, name in (("## Cost", "cost"), ("## Sensitivity against L2-legacy", "sensitivity"),
+                          ("## Calibration to L2-legacy", "calibration"),
                           ("## Optimization demo", "opt_rates"), ("## Placement", "placement"),
                           ("## Neural proxy", "nn_proxy")):
         text = section(page, heading)
@@ -297,15 +432,79 @@ def test_artifact_with_a_wrong_schema_fails_clearly(tmp_path, name, mutate, wher
     assert f"at {where}" in msg
 
 
-def test_check_numbers_flags_a_number_without_an_artifact_value(tmp_path):
-    page = build_page(tmp_path, fixture_artifacts())
-    assert check_numbers.check_page(page) == []
-    tampered = page.replace("Discrete mean delay: 0.382", "Discrete mean delay: 0.391")
-    problems = check_numbers.check_page(tampered)
-    assert len(problems) == 1 and "0.391 not in" in problems[0]
-    # A number in a section is checked against that section's artifacts only.
-    moved = page.replace("## Cost\n", "## Cost\n\nDiscrete mean delay 0.638.\n")
-    assert any("0.638 not in" in p for p in check_numbers.check_page(moved))
+def _render_snippet(tmp_path: Path, text: str, arts: dict | None = None) -> tuple[str, dict]:
+    """A one-line template rendered over the fixture artifacts, and its trace document."""
+    arts = arts or fixture_artifacts()
+    paths = write_artifacts(tmp_path / "results", arts)
+    (tmp_path / "snippet.md.j2").write_text(text)
+    page, entries = render.render_traced(arts, paths, paths, "fixture", template=tmp_path / "snippet.md.j2")
+    return page, render.trace_document(page, entries, "fixture")
+
+
+def test_check_numbers_flags_a_number_without_a_trace(tmp_path):
+    snippet = ("E = {{ a.equivalence.provenance.config.E|num }} robots over 12 steps, `make -j 4` and "
+               "{{ a.convergence.summary.L1_discrete_delay|fix }}.\n")
+    page, trace = _render_snippet(tmp_path, snippet)
+    assert page.startswith("E = 8 robots over 12 steps, `make -j 4` and 0.382.")
+    problems = check_numbers.check_page(page, trace)
+    assert len(problems) == 1 and "12 was not printed from an artifact key" in problems[0]
+    # A number changed after rendering is caught too (and the page no longer matches its hash).
+    problems = check_numbers.check_page(page.replace("0.382", "0.391"), trace)
+    assert any("differs from the page the trace was written for" in p for p in problems)
+    assert any("does not hold '0.382'" in p for p in problems)
+
+
+def test_check_numbers_cli_reads_the_trace_next_to_the_page(tmp_path, capsys):
+    build_page(tmp_path, fixture_artifacts())
+    page = tmp_path / "page" / "page.md"
+    assert check_numbers.main([str(page)]) == 0
+    page.write_text(page.read_text().replace("## Cost\n", "## Cost\n\nDiscrete mean delay 0.638.\n"))
+    assert check_numbers.main([str(page)]) == 1
+    assert "0.638 was not printed from an artifact key" in capsys.readouterr().out
+
+
+def test_trace_entries_are_checked_against_their_artifact(tmp_path):
+    page, trace = _render_snippet(tmp_path, "{{ a.convergence.summary.L1_discrete_delay|fix }}\n")
+    entry = trace["numbers"][0]
+    assert entry["key"] == "convergence.summary.L1_discrete_delay" and entry["text"] == "0.382"
+    entry["value"] = 0.5
+    assert any("the artifact holds 0.382" in p for p in check_numbers.check_page(page, trace))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{{ a.equivalence.summary.tau }}", r"equivalence\.json: equivalence\.summary\.tau = 0\.0 printed"),
+    ("{{ a.cost.table[0].forward_s * 2 }}", r"cost\.table\[0\]\.forward_s \* 2\) = 0\.8 printed without"),
+    ("{{ 3 }}", "the number 3 reached the page without an artifact key"),
+    ("{{ 3|num }}", "does not come from an artifact"),
+    ("{{ a.cost.summary.dtype|num }}", "the string 'float32' is not a number"),
+    ("{{ a.gradcheck.summary.max_abs_gap|num }}", r"gradcheck\.json: gradcheck\.summary\.max_abs_gap is nul"),
+    ("{{ a.gradcheck.summary.max_abs_gap }}", r"gradcheck\.summary\.max_abs_gap is null, printed without"),
+    ("{{ a.cost.summary }}", "a whole object printed"),
+])
+def test_an_untraced_or_missing_number_fails_the_render(tmp_path, text, match):
+    with pytest.raises(render.TraceError, match=match):
+        _render_snippet(tmp_path, text)
+
+
+def test_null_renders_in_words_when_the_template_tests_for_it(tmp_path):
+    page, _ = _render_snippet(tmp_path, "{% if a.gradcheck.summary.max_abs_gap is none %}no gap{% endif %}")
+    assert page == "no gap"
+
+
+def test_nan_in_an_artifact_fails_the_render_with_file_and_key(tmp_path):
+    arts = fixture_artifacts()
+    arts["convergence"]["summary"]["L1_discrete_delay"] = float("nan")
+    with pytest.raises(render.TraceError, match=r"results/convergence\.json: convergence\.summary\."
+                                                r"L1_discrete_delay is nan, not a finite number"):
+        build_page(tmp_path, arts)
+
+
+def test_an_artifact_of_another_profile_fails_the_render(tmp_path):
+    arts = fixture_artifacts()
+    arts["cost"]["provenance"]["profile"] = "full"
+    with pytest.raises(render.ArtifactError, match=r"cost\.json: artifact 'cost' is of profile 'full', "
+                                                   r"the page is of profile 'fixture'"):
+        build_page(tmp_path, arts)
 
 
 @pytest.mark.parametrize("token, value, ok", [
@@ -325,12 +524,16 @@ def test_each_profile_is_complete_and_valid(profile):
 
 
 # ------------------------------------------------------------------------------ snakemake
-STUB = '''import shutil
+STUB = '''import json
 from pathlib import Path
 for path in snakemake.output:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if path.endswith(".json"):
-        shutil.copyfile(Path("fixtures") / Path(path).name, path)
+        fixture = Path("fixtures") / Path(path).name
+        data = json.loads(fixture.read_text()) if fixture.exists() else json.loads(
+            (Path("fixtures") / "_generic.json").read_text())
+        data["provenance"]["profile"] = snakemake.params.profile
+        Path(path).write_text(json.dumps(data))
     else:
         Path(path).write_bytes(b"stub")
 Path(snakemake.log[0]).write_text("stub\\n")
@@ -339,8 +542,8 @@ Path(snakemake.log[0]).write_text("stub\\n")
 
 def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures."""
-    for rel in ("Snakefile", "environment.yml", "workflow/rules", "workflow/schemas", "config", "reports",
-                "isaac_net"):
+    for rel in ("Snakefile", "environment.yml", "workflow/rules", "workflow/schemas", "workflow/report",
+                "config", "reports", "isaac_net"):
         src = REPO / rel
         if not src.exists():
             continue
@@ -353,10 +556,12 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     for f in (REPO / "benchmarks/diff").glob("*.py"):
         (dest / "benchmarks/diff" / f.name).write_text(STUB if stubs else f.read_text())
     if stubs:
-        arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES}
+        arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES} | {
+            "calibration": calibration_artifact()}
         (dest / "fixtures").mkdir()
         for name, data in arts.items():
             (dest / "fixtures" / f"{name}.json").write_text(json.dumps(data))
+        (dest / "fixtures" / "_generic.json").write_text(json.dumps(study_artifact("generic")))
     return dest
 
 
@@ -382,8 +587,8 @@ def test_dry_run_lists_every_stage_and_the_report(tmp_path, profile):
         args += ["--configfile", PROFILES[profile]]
     out = snakemake(wf, *args)
     jobs = job_counts(out)
-    assert STAGE_JOBS | {"report", "all"} <= set(jobs)
-    assert all(n == 1 for n in jobs.values())
+    assert STAGE_JOBS | {"page", "all"} <= set(jobs)  # the default target, all, is report's twin
+    assert all(jobs[name] == 1 for name in STAGE_JOBS | {"page", "all"})
     page = "reports/checks_and_measurements.md" if profile == "full" else \
         f"benchmarks/diff/results/{profile}/checks_and_measurements.md"
     assert page in out
@@ -402,7 +607,7 @@ def test_a_changed_setting_reruns_only_its_stage_and_the_report(tmp_path):
     wf = workflow_copy(tmp_path, stubs=True)
     ci = ["--configfile", "config/ci.yaml"]
     out = snakemake(wf, "report", "--cores", "2", *ci)
-    assert set(job_counts(out)) == STAGE_JOBS | {"report"}
+    assert STAGE_JOBS | {"page", "report"} <= set(job_counts(out))
     page = wf / "benchmarks/diff/results/ci/checks_and_measurements.md"
     assert "Discrete mean delay: 0.382" in page.read_text()
     assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "2", *ci)
@@ -412,13 +617,67 @@ def test_a_changed_setting_reruns_only_its_stage_and_the_report(tmp_path):
     cfg["gradcheck"]["fd"]["tol"] = 2e-4  # a setting of the fd_check rule only
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     out = snakemake(wf, "-n", "report", "--cores", "2", *ci)
-    assert set(job_counts(out)) == {"fd_check", "report"}
+    assert set(job_counts(out)) == {"fd_check", "page", "report"}
     assert "Params have changed since last execution" in out
 
     cfg["equivalence"]["cases"]["overload"]["p"] = 0.95
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     out = snakemake(wf, "-n", "report", "--cores", "2", *ci)
-    assert set(job_counts(out)) == {"equivalence", "fd_check", "report"}
+    assert set(job_counts(out)) == {"equivalence", "fd_check", "page", "report"}
+
+
+@pytest.mark.slow
+def test_faults_a_deleted_artifact_is_rebuilt_and_touch_marks_a_fresh_clone_current(tmp_path):
+    wf = workflow_copy(tmp_path, stubs=True)
+    ci = ["--configfile", "config/ci.yaml"]
+    snakemake(wf, "report", "--cores", "2", *ci)
+    results = wf / "benchmarks/diff/results/ci"
+    (results / "sensitivity.json").unlink()  # as Snakemake does when a stage is killed
+    assert set(job_counts(snakemake(wf, "-n", "report", "--cores", "2", *ci))) == {"sensitivity", "page",
+                                                                                  "report"}
+    snakemake(wf, "report", "--cores", "2", *ci)
+    # A fresh clone: no metadata, no logs or benchmark files, file times in checkout order.
+    shutil.rmtree(wf / ".snakemake")
+    shutil.rmtree(results / "bench")
+    shutil.rmtree(results / "logs")
+    time.sleep(1)
+    for f in (wf / "isaac_net").rglob("*.py"):
+        f.touch()
+    assert "Nothing to be done" not in snakemake(wf, "-n", "report", "--cores", "1", *ci)
+    snakemake(wf, "--cores", "1", "--touch", "report", *ci)
+    assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "1", *ci)
+
+
+@pytest.mark.slow
+def test_a_numeric_config_override_of_the_documented_form_is_accepted(tmp_path):
+    wf = workflow_copy(tmp_path, stubs=True)
+    out = snakemake(wf, "-n", "--forceall", "report", "--cores", "2", "--configfile", "config/ci.yaml",
+                    "--config", "convergence={default_tau: 0.2, table: {T: 12}}")
+    assert "convergence_table" in job_counts(out)
+
+
+def _parse_error(wf: Path, mutate) -> str:
+    cfg_path = wf / "config/ci.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    mutate(cfg)
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    proc = subprocess.run([str(SNAKEMAKE), "-n", "report", "--cores", "1", "--configfile", "config/ci.yaml"],
+                          cwd=wf, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Job stats" not in proc.stdout
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["convergence"].update(default_tau=0.3), "convergence/default_tau = 0.3 is not one of "
+                                                          "convergence/table/taus"),
+    (lambda c: c["sensitivity"].update(warmup=c["sensitivity"]["T"]), "sensitivity/warmup = "),
+    (lambda c: c["gradcheck"]["small"]["cell"].update(qa_sr_slots=9),
+     "gradcheck/small/cell/qa_sr_slots = 9 exceeds gradcheck/small/cell/num_slots = 4"),
+])
+def test_cross_field_config_errors_fail_at_parse_time(tmp_path, mutate, message):
+    assert message in _parse_error(workflow_copy(tmp_path, stubs=True), mutate)
 
 
 def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
@@ -437,3 +696,68 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
                                                "discrete"}
     assert sorted((j["name"], j["E"]) for j in cpu if j.get("slots") == "autograd") == sorted(
         (m, E) for m in ("L1", "QA") for E in params["E"])
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, {diff!r})
+import cost
+cost.die_with_parent(poll_s=0.05)
+open({pidfile!r}, "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+PARENT = """
+import sys
+sys.path.insert(0, {diff!r})
+import cost
+cost.run_child([sys.executable, "-c", {child!r}], timeout_s=120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")
+def test_cost_child_dies_with_its_parent_group(tmp_path):
+    """A kill of the cost stage's process group also ends its --measure child (own session)."""
+    diff, pidfile = str(REPO / "benchmarks" / "diff"), str(tmp_path / "child.pid")
+    child = CHILD.format(diff=diff, pidfile=pidfile)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(diff=diff, child=child)],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(pidfile).exists() or not Path(pidfile).read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the child did not start"
+            time.sleep(0.1)
+        pid = int(Path(pidfile).read_text())
+        assert _alive(pid) and os.getpgid(pid) != os.getpgid(parent.pid)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the --measure child outlived its parent"
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_snakemake_html_report_has_the_page_figures_and_captions(tmp_path):
+    """`snakemake --report` on the ci profile after a (stubbed) ci run."""
+    wf = workflow_copy(tmp_path, stubs=True)
+    ci = ["--configfile", "config/ci.yaml"]
+    snakemake(wf, "report", "--cores", "2", *ci)
+    snakemake(wf, "--report", "report.html", *ci)
+    html = (wf / "report.html").read_text()
+    for name in ("equivalence", "convergence_curves", "fd_check", "cost", "nn_proxy"):
+        assert (wf / "workflow/report" / f"{name}.rst").exists()
+        assert f"{name}.json" in html
+    assert "The JSON artifact holds the numbers and their provenance" in html
+    assert "checks_and_measurements.md" in html and "config/ci.yaml" in html

@@ -115,7 +115,7 @@ def test_bad_ranges_and_shapes_are_rejected():
 
 def test_load_rejects_another_layout(tmp_path):
     path = tmp_path / "bad.pt"
-    torch.save({"inputs": ["a"], "targets": ["b"], "hidden": [4], "ranges": {}, "dtype": "float32",
-                "state_dict": {}}, path)
+    torch.save({"format": px.FORMAT, "version": px.FORMAT_VERSION, "inputs": ["a"], "targets": ["b"],
+                "hidden": [4], "ranges": {}, "dtype": "float32", "state_dict": {}}, path)
     with pytest.raises(ValueError, match="expected a proxy with inputs"):
         px.Proxy.load(path)

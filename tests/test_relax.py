@@ -27,6 +27,36 @@ def test_smin_smax_properties():
     assert (1 - 2 ** -0.05) == pytest.approx(0.034, abs=5e-4)  # the seed's 3.4 %
 
 
+PAIRS = {"smin": (relax.smin1_vjp, relax.smin_const), "smax": (relax.smax1_vjp, relax.smax_const)}
+# The fused QAD node scales by a precomputed 1 / tau where the others divide by tau: equal to rounding.
+PAIR_RTOL = {torch.float32: 1e-5, torch.float64: 1e-13}  # a rounding of log(x) / tau, times ~1e3 at x = 1e-40
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", PAIRS)
+def test_value_derivative_pair_of_the_nodes_is_the_relaxation(name, dtype):
+    """``smin(x, 1)`` / ``smax(x, 1)`` as the hand-written nodes call them (``_l1_loop``: a float
+    tau; ``_qa_step``: a ``Temperature`` of 0-dim tensors, unclamped where ``x`` is known positive):
+    the value is ``relax.smin_const`` / ``smax_const`` and the derivative autograd's of it."""
+    pair, const = PAIRS[name]
+    tau = 0.07
+    x = torch.tensor([0.0, 1e-40, 1e-3, 0.5, 1.0, 2.0, 12.0, 3e4], dtype=dtype).requires_grad_()
+    ref = const(x, 1.0, tau)
+    (ref_d,) = torch.autograd.grad(ref.sum(), x)
+    x = x.detach()
+    temp = relax.Temperature.of(tau, dtype, "cpu")
+    for form, (val, d) in (("float", pair(x, tau)), ("temperature", pair(x, temp)),
+                           ("no-clamp", pair(x[2:], temp, clamp=False))):
+        n = len(x) - len(val)
+        if form == "float":  # _l1_loop's form is the relaxation's own arithmetic
+            assert torch.equal(val, ref.detach()), form
+        torch.testing.assert_close(val, ref.detach()[n:], rtol=PAIR_RTOL[dtype], atol=0, msg=form)
+        # atol: float32 underflows ~1e-40 derivatives a little differently
+        torch.testing.assert_close(d, ref_d[n:], rtol=10 * PAIR_RTOL[dtype], atol=1e-30, msg=form)
+    assert pair(x, tau, deriv=False)[1] is None
+    assert float(pair(x, tau)[1][0]) == 0.0  # below tiny the clamp holds x: no gradient, as autograd
+
+
 def test_soft_ge_limits():
     S, cum = t(0.0, 1.0, 2.0, 5.0, 1.0), t(1.0, 1.0, 1.0, 0.0, 2.0)
     assert torch.equal(relax.soft_ge(S, cum, 0.0), t(0, 1, 1, 1, 0))

@@ -32,7 +32,7 @@ PROFILE = REPO / "workflow" / "profiles" / "slurm"
 GPU_PROFILE = PROFILE / "gpu"
 CI_CONFIG = "config/ci.yaml"
 TARGET = "report"
-LOCAL_RULES = {"report"}  # rendered by the submitting snakemake (localrules in the Snakefile)
+LOCAL_RULES = {"report", "page"}  # rendered by the submitting snakemake (localrules in the Snakefile)
 
 
 def _snakemake() -> str:

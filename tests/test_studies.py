@@ -36,14 +36,18 @@ def tiny(name: str, **over) -> dict:
 
 
 def test_sensitivity_runs_and_reports_every_row():
-    params = tiny("sensitivity", level="L1", n_seeds=3, T=6, warmup=1, modes=["QA"], n_boot=50,
-                  ops={"heavy": CI["sensitivity"]["ops"]["heavy"]})
+    heavy = [op for op in CI["sensitivity"]["ops"] if op["name"] == "heavy"]
+    params = tiny("sensitivity", level="L1", n_seeds=3, T=6, warmup=1, modes=["QA"], n_boot=50, ops=heavy)
     out = sensitivity.compute(params, progress=False)
     assert len(out["table"]) == len(sensitivity.KPIS) * len(sensitivity.INPUTS)
-    assert {"op", "derivative", "L2-legacy FD", "QAD mf", "QAD rb"} <= set(out["table"][0])
-    for key in ("QAD_mf_sign_agree_frac", "QAD_rb_median_ratio", "n_seeds", "fd_step_p", "wall_l2_fd_s"):
+    assert set(out["table"][0]["models"]) == {"QAD mf", "QAD rb"}  # no calibration file: uncalibrated only
+    assert {"op", "derivative", "fd_mean", "fd_se", "fd_significant"} <= set(out["table"][0])
+    for key in ("QAD_mf_stage_sign_agree_frac", "QAD_rb_stage_median_ratio", "QAD_rb_stage_within_x2_frac",
+                "n_seeds", "fd_step_p", "wall_l2_fd_s"):
         assert key in out["summary"]
+    assert {m["points"] for m in out["metrics"]} == {"stage"}
     assert all(len(r["grad"]) == 3 and len(r["fd"]) == 3 for r in out["rows"])
+    assert {r["verdict"] for r in out["rows"]} <= set(sensitivity.VERDICTS)
 
 
 def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
@@ -86,24 +90,49 @@ def test_anneal_is_geometric():
 @pytest.mark.parametrize("study", ["opt_rates", "placement"])
 def test_optimisation_studies_write_the_artifact(study, tmp_path):
     params = tiny(study, E=2, R=3, iters=2, candidates=3, T=5, warmup=1, T_eval=6, warmup_eval=1,
-                  score_every=1)
+                  score_every=1, proxy=False, models=[{"mode": "QA", "sends": "relaxed", "calibrated": False},
+                                                       {"mode": "QA", "sends": "mean_field", "calibrated": False}],
+                  targets={"solution": "gradient, QAD relaxed", "start_envs_min": 0.5})
     module = {"opt_rates": opt_rates, "placement": placement}[study]
     out = {"json": str(tmp_path / f"{study}.json"), "figure": str(tmp_path / f"{study}.png")}
     with Stage(study, params, "test", 1) as stage:
         module.main(stage, params, out)
     data = json.loads(Path(out["json"]).read_text())
     assert ARTIFACT_KEYS <= set(data) and (tmp_path / data["figure"]).exists()
-    s = data["summary"]
-    lvl = params["level"]
-    for key in (f"{lvl}_cost_start", f"{lvl}_cost_gradient", f"{lvl}_cost_random_best_of_3",
-                "L2-legacy_cost_gradient", "L2-legacy_delivery_ratio_gradient", "L2-legacy_mean_aoi_start"):
-        assert key in s and s[key] is not None
-    assert {r["solution"] for r in data["table"]} == {"start", "gradient", "random search"}
-    assert len(data["history"]) == 2 and "discrete_cost_heldout" in data["history"][-1]
+    names = {"start", "gradient, QAD relaxed", "gradient, QAD mean-field", "random search"}
+    if study == "opt_rates":
+        names.add("uniform policy")
+        assert data["uniform_policy"]["policies"] == len(params["uniform"]["p"]) * len(params["uniform"]["tx_dbm"])
+    assert {r["solution"] for r in data["table"]} == names
+    assert all(len(data["env_costs"][n]) == 2 for n in names)
+    by = {r["solution"]: r for r in data["table"]}
+    for c in data["comparisons"]:  # the paired difference is the difference of the mean costs
+        assert c["vs_start_diff"] == pytest.approx(by[c["solution"]]["cost"] - by["start"]["cost"], rel=1e-6)
+        assert c["vs_start_lo"] <= c["vs_start_diff"] <= c["vs_start_hi"]
+        assert c["vs_start"] in ("better", "worse", "tie")
+    assert data["targets"]["available"] and isinstance(data["targets"]["met"], bool)
+    hist = data["history"]["gradient, QAD relaxed"]
+    assert len(hist) == 2 and "level_cost_heldout" in hist[-1]
+
+
+def test_uniform_policy_is_the_best_of_its_grid():
+    params = tiny("opt_rates", E=2, R=3, T_eval=6, warmup_eval=1, uniform={"p": [0.1, 0.9], "tx_dbm": [5.0, 23.0]})
+    sc = opt_rates.scenario(2, 3, params, torch.float32)
+    dec = opt_rates.RateDecisions(sc, params)
+    best, info = opt_rates.uniform_search(sc, params, dec, progress=False)
+    grid = [(p, t) for p in params["uniform"]["p"] for t in params["uniform"]["tx_dbm"]]
+    # The policies are scored as one batch of envs (policy-major), as the search does.
+    k = opt_rates.discrete_score(params["level"], 6, 1, dec.uniform(grid), sc["u_train"].repeat(1, len(grid), 1),
+                                 cfg=None, seed=params["seed"], dtype=torch.float32)
+    costs = opt_rates.env_cost(k, params["cost"]).reshape(len(grid), 2).mean(-1).tolist()
+    assert (info["p"], info["tx_dbm"]) == grid[min(range(len(grid)), key=costs.__getitem__)]
+    assert info["train_cost"] == pytest.approx(min(costs), rel=1e-6)
+    assert float(best["p"].unique()) == pytest.approx(info["p"])
 
 
 def test_random_search_keeps_the_best_candidate():
-    params = tiny("opt_rates", E=2, R=3, candidates=4, T_eval=6, warmup_eval=1, rs_chunk_envs=4)
+    # A deterministic level: L2-legacy's draws depend on the env's index in the batch.
+    params = tiny("opt_rates", level="L1", E=2, R=3, candidates=4, T_eval=6, warmup_eval=1, rs_chunk_envs=4)
     sc = opt_rates.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
     best = opt_rates.random_search(sc, params, opt_rates._Sampler(dec), progress=False)

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
+import numpy as np
+import scipy.stats
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,11 +149,15 @@ class Stage:
         print(f"[{self.name}] wrote {path} after {data['provenance']['wall_s']:.1f} s", flush=True)
 
 
+_SOURCE_INPUTS = ("library", "helpers", "scripts")
+
+
 def run(main, smk=None) -> None:
     """Call ``main(stage, params, outputs)`` under snakemake (``smk``) or from argv.
 
     Under snakemake the params are ``params.stage`` (the stage's config), ``params.profile``,
-    ``params.device`` and optionally ``params.part``; outputs are the rule's named outputs.
+    ``params.device`` and optionally ``params.part``; outputs are the rule's named outputs and
+    named data inputs (an artifact another stage wrote).
     From the command line::
 
         python benchmarks/diff/<stage>.py --params params.json --out json=out.json [--out figure=f.png]
@@ -158,7 +165,9 @@ def run(main, smk=None) -> None:
     if smk is not None:
         params = dict(smk.params.stage)
         part = getattr(smk.params, "part", None)
-        outputs = {k: v for k, v in smk.output.items()}
+        # The rule's named outputs, and its named data inputs (the sources it depends on are not data).
+        outputs = {**{k: v for k, v in smk.input.items() if k not in _SOURCE_INPUTS},
+                   **{k: v for k, v in smk.output.items()}}
         stage = Stage(smk.rule, params, smk.params.profile, smk.threads, smk.params.device,
                       smk.log[0] if smk.log else None)
     else:
@@ -247,3 +256,27 @@ def loglog_slope(xs, ys) -> float | None:
     if sxx == 0:
         return None
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def ratio_ci(model: np.ndarray, ref: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple:
+    """Ratio of means model / ref and its paired percentile bootstrap 95 % interval over replicates
+    (``scipy.stats.bootstrap``); ``(-inf, inf)`` where the resampled denominator crosses zero."""
+    ratio = float(model.mean() / ref.mean()) if ref.mean() != 0 else math.nan
+
+    def stat(m, r, axis=-1):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return m.mean(axis) / r.mean(axis)
+
+    # The bootstrap distribution of a ratio whose denominator crosses zero is not an interval.
+    idx = rng.integers(0, len(ref), size=(n_boot, len(ref)))
+    pos = (ref[idx].mean(1) > 0).mean()
+    if min(pos, 1.0 - pos) > 0.025:
+        return ratio, -math.inf, math.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate resamples (all equal) are reported as NaN
+        res = scipy.stats.bootstrap((model, ref), stat, paired=True, vectorized=True, n_resamples=n_boot,
+                                    confidence_level=0.95, method="percentile", random_state=rng)
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return ratio, math.nan, math.nan
+    return ratio, lo, hi

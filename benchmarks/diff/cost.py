@@ -17,6 +17,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -101,22 +102,66 @@ def measure(spec: dict) -> dict:
     return r
 
 
-def measure_in_child(spec: dict, timeout_s: float) -> dict:
-    """Run ``measure(spec)`` in a fresh process group, killed as a whole after ``timeout_s``
-    (torch.compile starts worker processes of its own)."""
-    cmd = [sys.executable, str(SCRIPT), "--measure", json.dumps(spec)]
+PARENT_ENV = "ISAAC_COST_PARENT_PID"
+
+
+def die_with_parent(poll_s: float = 0.2) -> None:
+    """In a ``--measure`` child: kill this process group (the child and torch.compile's workers)
+    as soon as the parent that started it is gone. The child runs in a session of its own (so
+    that a timeout can kill its whole group), which a kill of the parent's group does not reach;
+    on Linux the kernel signals it at once (PR_SET_PDEATHSIG), elsewhere a thread polls."""
+    parent = int(os.environ.get(PARENT_ENV, "0"))
+    if not parent:
+        return
+
+    def kill_group(*_):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        signal.signal(signal.SIGTERM, kill_group)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        kill_group()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        kill_group()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def run_child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+    """Run ``cmd`` (a ``--measure`` child) in a fresh process group, killed as a whole after
+    ``timeout_s`` (torch.compile starts worker processes of its own) and when this process
+    dies (``die_with_parent``). Returns (exit status or None on timeout, stdout, stderr)."""
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+        return None, "", ""
+    except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler: take the child along
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, stdout, stderr
+
+
+def measure_in_child(spec: dict, timeout_s: float) -> dict:
+    """Run ``measure(spec)`` in a child process (``run_child``)."""
+    cmd = [sys.executable, str(SCRIPT), "--measure", json.dumps(spec)]
+    returncode, stdout, stderr = run_child(cmd, timeout_s)
+    if returncode is None:
         return {"error": f"timed out after {timeout_s:g} s"}
-    if proc.returncode != 0:
+    if returncode != 0:
         print(stderr, flush=True)
         last = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-        return {"error": last[-1] if last else f"exit status {proc.returncode}"}
+        return {"error": last[-1] if last else f"exit status {returncode}"}
     return json.loads(stdout.strip().splitlines()[-1])
 
 
@@ -226,6 +271,7 @@ def main(stage, params: dict, out: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--measure"]:
+        die_with_parent()
         print(json.dumps(measure(json.loads(sys.argv[2]))))
     else:
         run(main, globals().get("snakemake"))

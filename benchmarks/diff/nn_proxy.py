@@ -25,11 +25,9 @@ import torch
 from tqdm import tqdm
 
 try:
-    from _common import cell_config, generator, run
-    from sensitivity import _f, ratio_ci
+    from _common import cell_config, generator, ratio_ci, run
 except ImportError:  # imported as benchmarks.diff.nn_proxy (tests)
-    from benchmarks.diff._common import cell_config, generator, run
-    from benchmarks.diff.sensitivity import _f, ratio_ci
+    from benchmarks.diff._common import cell_config, generator, ratio_ci, run
 
 from isaac_net.core.diff import proxy as px
 
@@ -89,10 +87,11 @@ def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True, dev
             corr = float(np.corrcoef(g0, fd)[0, 1]) if n > 2 and g0.std() > 0 and fd.std() > 0 else None
             agree = bool(np.sign(g0.mean()) == np.sign(fd_mean)) if significant else None
             rows.append({"derivative": f"d {KPI_LABEL[kpi]} / d {INPUT_UNIT[name]}", "cells": n,
-                         "proxy": float(g0.mean()), "L2-legacy FD": fd_mean, "FD SE": fd_se,
-                         "sign": {True: "ok", False: "WRONG", None: "FD ~ 0"}[agree],
-                         "ratio [CI]": f"{_f(ratio)} [{_f(lo)}, {_f(hi)}]",
-                         "corr over cells": corr,
+                         "proxy": float(g0.mean()), "fd_mean": fd_mean, "fd_se": fd_se,
+                         "fd_significant": significant, "sign_agree": agree, "ratio": ratio,
+                         "ratio_lo": lo, "ratio_hi": hi,
+                         "ci": "unbounded" if math.isinf(lo) else "none" if math.isnan(lo) else "bounded",
+                         "corr_over_cells": corr,
                          "_kpi": kpi, "_input": name, "_agree": agree, "_ratio": ratio, "_lo": lo, "_hi": hi})
     return rows
 
@@ -114,7 +113,8 @@ def compute(params: dict, model_path: str | None = None, progress: bool = True, 
     model, fit_info = px.fit(data["x"][train], data["y"][train], hidden=params["hidden"],
                              epochs=int(params["epochs"]), lr=float(params["lr"]),
                              batch_size=int(params["batch_size"]), seed=int(params["seed"]),
-                             ranges=params.get("ranges"), progress=fbar)
+                             ranges=params.get("ranges") or data["meta"]["ranges"], fitted_on=data["meta"],
+                             progress=fbar)
     t2 = time.perf_counter()
     held = px.evaluate(model, data["x"][~train], data["y"][~train])
     seen = px.evaluate(model, data["x"][train], data["y"][train])
@@ -179,16 +179,16 @@ def figure(payload: dict, path: str) -> None:
             lo, hi = min(t[ok].min(), p[ok].min()), max(t[ok].max(), p[ok].max())
             ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
         r2 = s[f"heldout_r2_{k}"]
-        ax.set_title(f"{KPI_LABEL[k]}: held-out R² {_f(r2)}", fontsize=9)
+        ax.set_title(f"{KPI_LABEL[k]}: held-out R² {r2:.3g}" if r2 is not None else KPI_LABEL[k], fontsize=9)
         ax.set_xlabel(f"{s['level']} (per robot)")
     axes[0].set_ylabel("proxy")
     ax = axes[-1]
     for r in payload["table"]:
-        scale = abs(r["L2-legacy FD"]) + 2 * r["FD SE"]
+        scale = abs(r["fd_mean"]) + 2 * r["fd_se"]
         if not scale:
             continue
         y = max(min(r["proxy"] / scale, 5.0), -5.0)
-        ax.errorbar(r["L2-legacy FD"] / scale, y, xerr=2 * r["FD SE"] / scale, fmt="o", ms=4)
+        ax.errorbar(r["fd_mean"] / scale, y, xerr=2 * r["fd_se"] / scale, fmt="o", ms=4)
     ax.plot([-1.2, 1.2], [-1.2, 1.2], "k:", lw=0.8)
     ax.axhline(0, color="grey", lw=0.5)
     ax.axvline(0, color="grey", lw=0.5)

@@ -1,5 +1,8 @@
 """Optimisation demo: per-robot send probability and transmit power by gradient descent
-through the relaxed model, against the best of N random candidates per env.
+through the relaxed models (uncalibrated and calibrated to L2-legacy) and through the neural
+proxy, scored on L2-legacy, against the start, the best of N random candidates per env
+scored on L2-legacy itself, and the best uniform policy (one p and one power for all robots,
+grid-searched on L2-legacy).
 
 Cost per env (lower is better), the same on every model:
 
@@ -10,18 +13,23 @@ Cost per env (lower is better), the same on every model:
 means; delay and AoI in control steps, energy in J per robot per step).
 
 Gradient: Adam on unconstrained parameters (``p = lo + (hi - lo) sigmoid(theta)``, same
-for tx power) of the relaxed model (``mode``, relaxed-Bernoulli sends with fresh
-uniforms each iteration, ``tau`` annealed geometrically from ``tau_start`` to
-``tau_end``). Random search: ``candidates`` uniform draws of the decisions per env, each
-scored on the discrete level with the training sends; the best per env is kept.
-Both results (and the starting point) are scored on the discrete level with held-out
-sends (other uniforms, longer rollout) and on L2-legacy.
+for tx power) through each model of ``models`` (``mode``, ``sends``, with or without its
+calibration; relaxed-Bernoulli sends with fresh uniforms each iteration, ``tau`` annealed
+geometrically from ``tau_start`` to ``tau_end``) and, with ``proxy``, through the neural
+proxy's per-robot KPIs (no sends: the proxy predicts expectations). Random search:
+``candidates`` uniform draws of the decisions per env, each scored on ``level`` with the
+training sends; the best per env is kept. Uniform policy: every (p, tx) of ``uniform`` for
+all robots of all envs, scored on ``level`` with the training sends; the best mean cost is
+kept. Every solution (and the start) is scored on ``level`` with held-out sends (other
+uniforms, another engine seed).
 """
 
 
 import math
 import time
 
+import numpy as np
+import scipy.stats
 import torch
 from tqdm import tqdm
 
@@ -35,13 +43,9 @@ KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
 
 def env_kpis(res: dict) -> dict:
     """Per-env KPIs ``[E]`` from a rollout's per-robot totals (totals over totals, as the batch means)."""
-    delivered = res["delivered"].sum(-1)
-    return {
-        "mean_delay": res["delay_sum"].sum(-1) / delivered.clamp(min=1e-9),
-        "delivery_ratio": delivered / res["offered"].sum(-1).clamp(min=1e-9),
-        "mean_aoi": res["aoi"].mean(-1),
-        "mean_energy_j": res["energy_j"].mean(-1),
-    }
+    from isaac_net.core.diff.calibrate import group_kpis
+
+    return group_kpis(res, res["offered"].shape[0])
 
 
 def env_cost(k: dict, c: dict) -> torch.Tensor:
@@ -50,18 +54,6 @@ def env_cost(k: dict, c: dict) -> torch.Tensor:
     shortfall = torch.clamp(float(c["delivery_min"]) - k["delivery_ratio"], min=0.0)
     return (w["mean_delay"] * k["mean_delay"] + w["mean_aoi"] * k["mean_aoi"]
             + w["mean_energy_j"] * k["mean_energy_j"] + float(c["penalty"]) * shortfall)
-
-
-def cost_text(params: dict) -> str:
-    """The cost of ``params`` in words (for the page)."""
-    c = params["cost"]
-    w = c["weights"]
-    text = (f"mean_delay x {w['mean_delay']:g} + mean_aoi x {w['mean_aoi']:g} + mean_energy_j x "
-            f"{w['mean_energy_j']:g} + {float(c['penalty']):g} x max({float(c['delivery_min']):g} - "
-            f"delivery_ratio, 0)")
-    if "move_weight" in params:
-        text += f" + {float(params['move_weight']):g} per m moved (smoothed, mean over robots)"
-    return text
 
 
 def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
@@ -113,50 +105,80 @@ def unbounded(x: float, lo: float, hi: float) -> float:
     return math.log(z / (1.0 - z))
 
 
-def gradient_opt(sc: dict, params: dict, decisions, score_every, progress=True) -> tuple[dict, list]:
-    """Adam through the relaxed model. ``decisions(theta) -> dec``; returns the final
-    decisions and a history of (iteration, relaxed cost, tau[, held-out discrete cost])."""
+def model_name(spec: dict) -> str:
+    """The solution's name for a gradient run through ``spec`` (a model of ``params["models"]``
+    or ``{"proxy": True}``)."""
+    if spec.get("proxy"):
+        return "gradient, neural proxy"
+    sends = spec["sends"].replace("_", "-")
+    return f"gradient, {spec['mode']}D {sends}" + (", calibrated" if spec["calibrated"] else "")
+
+
+def _proxy_cost(proxy, dec: dict, cfg, cost: dict) -> torch.Tensor:
+    """Cost ``[E]`` from the proxy's per-robot KPIs: expected counts per robot (sends p, delivered
+    p delivery) combined as the env KPIs are (totals over totals, means)."""
+    from isaac_net.core import radio
+    from isaac_net.core.kpi import MIN_COUNT_MSGS
+
+    k = proxy.predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
+    delivered = dec["p"] * k["delivery"]
+    env = {"mean_delay": (delivered * k["delay"]).sum(-1) / delivered.sum(-1).clamp_min(MIN_COUNT_MSGS),
+           "delivery_ratio": delivered.sum(-1) / dec["p"].sum(-1).clamp_min(MIN_COUNT_MSGS),
+           "mean_aoi": k["aoi"].mean(-1), "mean_energy_j": k["energy_j"].mean(-1)}
+    return env_cost(env, cost)
+
+
+def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cfg, proxy=None,
+                 progress=True) -> tuple[dict, list]:
+    """Adam through the model ``spec`` (its config ``cfg``, calibrated or not) or, with
+    ``spec["proxy"]``, through ``proxy``. ``decisions(theta) -> dec``; returns the final decisions
+    and a history of (iteration, model cost, tau[, held-out cost on ``level``])."""
     from isaac_net.core.diff import DiffFluid, rollout
 
     dtype, dev = sc["B"].dtype, sc["B"].device
     E, R = sc["B"].shape
-    cfg = cell_config(params.get("cell", {}))
     theta = decisions.init()
     opt = torch.optim.Adam(theta.values(), lr=float(params["lr"]))
     gen = generator(int(params["seed"]) + 1)
-    n_it = int(params["iters"])
+    n_it, score_every = int(params["iters"]), int(params["score_every"])
     hist = []
-    it = range(n_it) if not progress else tqdm(range(n_it), desc="gradient", mininterval=2.0)
+    name = model_name(spec)
+    it = range(n_it) if not progress else tqdm(range(n_it), desc=name, mininterval=2.0)
     for i in it:
         tau = anneal(float(params["tau_start"]), float(params["tau_end"]), i, n_it)
-        net = DiffFluid(E, R, dev, mode=params["mode"], tau=tau, cfg=cfg, dtype=dtype)
         dec = decisions(theta)
-        u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype).to(dev)
-        res = rollout(net, int(params["T"]), dec["p"], dec["B"], pos=dec["pos"], tx_dbm=dec["tx_dbm"],
-                      warmup=int(params["warmup"]), sends=params["sends"], u=u, lam=float(params["lam"]))
-        cost = env_cost(env_kpis(res), params["cost"]) + decisions.extra_cost(dec)
+        if spec.get("proxy"):
+            cost = _proxy_cost(proxy, dec, cfg, params["cost"])
+        else:
+            net = DiffFluid(E, R, dev, mode=spec["mode"], tau=tau, cfg=cfg, dtype=dtype)
+            u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype).to(dev)
+            res = rollout(net, int(params["T"]), dec["p"], dec["B"], pos=dec["pos"], tx_dbm=dec["tx_dbm"],
+                          warmup=int(params["warmup"]), sends=spec["sends"],
+                          u=u if spec["sends"] != "mean_field" else None, lam=float(params["lam"]))
+            cost = env_cost(env_kpis(res), params["cost"])
+        cost = cost + decisions.extra_cost(dec)
         opt.zero_grad()
         cost.sum().backward()
         opt.step()
-        row = {"iter": i, "tau": tau, "relaxed_cost": float(cost.detach().mean())}
+        row = {"iter": i, "tau": tau, "model_cost": float(cost.detach().mean())}
         if score_every and (i % score_every == 0 or i == n_it - 1):
             with torch.no_grad():
                 d = {k: v.detach() for k, v in decisions(theta).items()}
             k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), d,
-                               sc["u_test"], cfg=cfg, seed=int(params["seed"]), dtype=dtype)
+                               sc["u_test"], cfg=level_cfg, seed=int(params["seed"]) + 7, dtype=dtype)
             cost_d = env_cost(k, params["cost"]) + decisions.extra_cost(d).cpu()
-            row["discrete_cost_heldout"] = float(cost_d.mean())
+            row["level_cost_heldout"] = float(cost_d.mean())
         hist.append(row)
     with torch.no_grad():
         return {k: v.detach() for k, v in decisions(theta).items()}, hist
 
 
-def random_search(sc: dict, params: dict, sample, progress=True) -> dict:
+def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=None) -> dict:
     """Best of ``candidates`` random decisions per env, scored on the discrete level with the
     training sends. ``sample(n, gen) -> dec`` with envs repeated ``n`` times (candidate-major)."""
     dtype = sc["B"].dtype
     E, R = sc["B"].shape
-    cfg = cell_config(params.get("cell", {}))
+    cfg = level_cfg
     n = int(params["candidates"])
     gen = generator(int(params["seed"]) + 2)
     per_chunk = max(1, int(params["rs_chunk_envs"]) // E)
@@ -186,22 +208,50 @@ def random_search(sc: dict, params: dict, sample, progress=True) -> dict:
     return best
 
 
-def score_all(sc: dict, params: dict, sols: dict, extra_cost) -> list[dict]:
-    """Rows of KPIs and cost of each solution on the discrete level (held-out sends) and L2-legacy."""
+def uniform_search(sc: dict, params: dict, decisions, progress=True, *, level_cfg=None
+                   ) -> tuple[dict, dict]:
+    """The best uniform policy: every ``(p, tx_dbm)`` of ``params["uniform"]`` for all robots of all
+    envs, scored on ``level`` with the training sends; the one with the lowest mean cost (and it)."""
     dtype = sc["B"].dtype
-    cfg = cell_config(params.get("cell", {}))
+    E = sc["B"].shape[0]
+    grid = [(float(pp), float(tx)) for pp in params["uniform"]["p"] for tx in params["uniform"]["tx_dbm"]]
+    per_chunk = max(1, int(params["rs_chunk_envs"]) // E)
+    costs = []
+    starts = list(range(0, len(grid), per_chunk))
+    for s0 in (starts if not progress else tqdm(starts, desc="uniform policies", mininterval=2.0)):
+        chunk = grid[s0:s0 + per_chunk]
+        dec = decisions.uniform(chunk)
+        k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), dec,
+                           sc["u_train"].repeat(1, len(chunk), 1), cfg=level_cfg,
+                           seed=int(params["seed"]), dtype=dtype)
+        costs += env_cost(k, params["cost"]).reshape(len(chunk), E).mean(-1).tolist()
+    best = min(range(len(grid)), key=lambda i: costs[i])
+    return decisions.uniform([grid[best]]), {"p": grid[best][0], "tx_dbm": grid[best][1],
+                                             "train_cost": costs[best], "policies": len(grid)}
+
+
+def score_all(sc: dict, params: dict, sols: dict, extra_cost, *, level_cfg=None) -> list[dict]:
+    """Rows of KPIs and per-env cost of each solution on ``level`` with the held-out sends."""
+    dtype = sc["B"].dtype
     rows = []
-    for level, key in ((params["level"], "discrete"), (params["l2_level"], "l2")):
-        for name, dec in sols.items():
-            k = discrete_score(level, int(params["T_eval"]), int(params["warmup_eval"]), dec, sc["u_test"],
-                               cfg=cfg, seed=int(params["seed"]) + 7, dtype=dtype,
-                               chunk=params.get("score_chunk_envs"))
-            cost = env_cost(k, params["cost"]) + extra_cost(dec).cpu()
-            rows.append({"scored_on": f"{level} (held-out sends)", "solution": name,
-                         "cost": float(cost.mean()), "cost_median": float(cost.median()),
-                         **{kk: float(v.mean()) for kk, v in k.items()},
-                         "_key": key, "_env_cost": cost})
+    for name, dec in sols.items():
+        k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), dec,
+                           sc["u_test"], cfg=level_cfg, seed=int(params["seed"]) + 7, dtype=dtype,
+                           chunk=params.get("score_chunk_envs"))
+        cost = env_cost(k, params["cost"]) + extra_cost(dec).cpu()
+        rows.append({"solution": name, "cost": float(cost.mean()), "cost_median": float(cost.median()),
+                     **{kk: float(v.mean()) for kk, v in k.items()}, "_env_cost": cost})
     return rows
+
+
+def paired_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over envs and its paired percentile bootstrap 95 % interval."""
+    d = (a - b).numpy()
+    if len(d) < 2 or float(np.ptp(d)) == 0.0:
+        return float(d.mean()), float(d.mean()), float(d.mean())
+    res = scipy.stats.bootstrap((d,), np.mean, n_resamples=n_boot, confidence_level=0.95, method="percentile",
+                                random_state=np.random.default_rng(seed))
+    return float(d.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 class RateDecisions:
@@ -237,6 +287,16 @@ class RateDecisions:
         return {"p": uni(*b["p"]), "tx_dbm": uni(*b["tx_dbm"]), "B": self.sc["B"].repeat(n, 1),
                 "pos": self.sc["pos"].repeat(n, 1, 1)}
 
+    def uniform(self, policies) -> dict:
+        """Decisions of the uniform policies ``[(p, tx_dbm)]``: one p and one power for every robot
+        of every env, envs repeated per policy (policy-major)."""
+        dt, dev, E, R = self.sc["B"].dtype, self.sc["B"].device, self.E, self.R
+        pol = torch.tensor(policies, dtype=dt, device=dev).repeat_interleave(E, 0)  # [n E, 2]
+        n = len(policies)
+        return {"p": pol[:, :1].expand(n * E, R).contiguous(),
+                "tx_dbm": pol[:, 1:].expand(n * E, R).contiguous(),
+                "B": self.sc["B"].repeat(n, 1), "pos": self.sc["pos"].repeat(n, 1, 1)}
+
 
 class _Sampler:
     def __init__(self, decisions):
@@ -249,76 +309,132 @@ class _Sampler:
         return self.d.extra_cost(dec)
 
 
-def compute(params: dict, decisions_cls=RateDecisions, progress=True, device: str = "cpu") -> dict:
-    """The study: gradient, random search, scoring. Returns the artifact payload."""
+def load_proxy(path, params: dict, cfg):
+    """The neural proxy of the nn_proxy stage, checked against the study's R and cell."""
+    from isaac_net.core.diff import proxy as px
+
+    return px.Proxy.load(path, R=int(params["R"]), cfg=cfg)
+
+
+def compute(params: dict, decisions_cls=RateDecisions, progress=True, device: str = "cpu",
+            calibration: str | None = None, proxy_path: str | None = None) -> dict:
+    """The study: a gradient run through each model, random search, the uniform policy, scoring on
+    ``level``. Returns the artifact payload."""
+    from isaac_net.core.diff.calibrate import Calibration
+
     torch.manual_seed(int(params["seed"]))
     dtype = getattr(torch, params.get("dtype", "float32"))
     E, R = int(params["E"]), int(params["R"])
+    cfg = cell_config(params.get("cell", {}))
     sc = scenario(E, R, params, dtype, device)
     decisions = decisions_cls(sc, params)
     with torch.no_grad():
         start = {k: v.detach() for k, v in decisions(decisions.init()).items()}
+    specs = [dict(m) for m in params["models"]] + ([{"proxy": True}] if params.get("proxy") else [])
+    proxy = load_proxy(proxy_path, params, cfg) if params.get("proxy") else None
+    area = params.get("area_m", [40.0, 140.0])
+    sols, hist, wall = {"start": start}, {}, {}
+    for spec in specs:
+        mcfg = cfg
+        if spec.get("calibrated"):
+            cal = Calibration.load(calibration, mode=spec["mode"], sends=spec["sends"])
+            mcfg = cal.apply(cfg, R=R, area_m=area)
+        t0 = time.perf_counter()
+        name = model_name(spec)
+        sols[name], hist[name] = gradient_opt(sc, params, decisions, spec, cfg=mcfg, level_cfg=cfg,
+                                              proxy=proxy, progress=progress)
+        wall[name] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    grad_sol, hist = gradient_opt(sc, params, decisions, int(params["score_every"]), progress)
-    t1 = time.perf_counter()
-    rs_sol = random_search(sc, params, _Sampler(decisions), progress)
-    t2 = time.perf_counter()
-    rows = score_all(sc, params, {"start": start, "gradient": grad_sol, "random search": rs_sol},
-                     decisions.extra_cost)
-    t3 = time.perf_counter()
-
-    def get(key, sol):
-        return next(r for r in rows if r["_key"] == key and r["solution"] == sol)
-
-    n = int(params["candidates"])
-    summary = {"cost": cost_text(params), "level": params["level"], "mode": params["mode"],
-               "sends": params["sends"], "E": E, "R": R,
-               "iters": int(params["iters"]), "candidates": n, "T": int(params["T"]),
-               "T_eval": int(params["T_eval"]), "tau_start": float(params["tau_start"]),
-               "tau_end": float(params["tau_end"])}
-    for key, lvl in (("discrete", params["level"]), ("l2", params["l2_level"])):
-        g, r, s = get(key, "gradient"), get(key, "random search"), get(key, "start")
-        summary[f"{lvl}_cost_start"] = s["cost"]
-        summary[f"{lvl}_cost_gradient"] = g["cost"]
-        summary[f"{lvl}_cost_random_best_of_{n}"] = r["cost"]
-        beats = (g["_env_cost"] < r["_env_cost"]).double()
-        summary[f"{lvl}_gradient_beats_random_envs"] = float(beats.mean())
-        if key == "l2":  # the discrete level's KPIs are in the table
-            for kpi in KPIS:
-                summary[f"{lvl}_{kpi}_start"] = s[kpi]
-                summary[f"{lvl}_{kpi}_gradient"] = g[kpi]
-    summary.update({"wall_gradient_s": t1 - t0, "wall_random_search_s": t2 - t1, "wall_scoring_s": t3 - t2})
+    sols["random search"] = random_search(sc, params, _Sampler(decisions), progress, level_cfg=cfg)
+    wall["random search"] = time.perf_counter() - t0
+    uniform = None
+    if "uniform" in params:
+        t0 = time.perf_counter()
+        sols["uniform policy"], uniform = uniform_search(sc, params, decisions, progress, level_cfg=cfg)
+        wall["uniform policy"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rows = score_all(sc, params, sols, decisions.extra_cost, level_cfg=cfg)
+    wall["scoring"] = time.perf_counter() - t0
+    by = {r["solution"]: r for r in rows}
+    n_boot, seed = int(params.get("n_boot", 2000)), int(params["seed"])
+    comparisons = []
+    for name in (n for n in sols if n.startswith("gradient")):
+        g = by[name]["_env_cost"]
+        row = {"solution": name, "cost": by[name]["cost"], "delivery_ratio": by[name]["delivery_ratio"]}
+        for base in ("start", "random search", "uniform policy"):
+            if base not in by:
+                continue
+            mean, lo, hi = paired_diff(g, by[base]["_env_cost"], n_boot, seed)
+            key = base.replace(" ", "_")
+            row[f"vs_{key}_diff"], row[f"vs_{key}_lo"], row[f"vs_{key}_hi"] = mean, lo, hi
+            row[f"vs_{key}_better_envs"] = float((g < by[base]["_env_cost"]).double().mean())
+            # better: the whole interval below 0; worse: above; otherwise no worse (within the CI)
+            row[f"vs_{key}"] = "better" if hi < 0 else ("worse" if lo > 0 else "tie")
+        comparisons.append(row)
+    targets = None
+    t = params.get("targets")
+    if t:
+        row = next((r for r in comparisons if r["solution"] == t["solution"]), None)
+        targets = {"solution": t["solution"], "available": row is not None}
+        if row is not None:
+            checks = {}
+            if "start_envs_min" in t:
+                checks["start_envs"] = row["vs_start_better_envs"] >= t["start_envs_min"]
+            if "random_envs_min" in t:
+                checks["random_envs"] = row["vs_random_search_better_envs"] >= t["random_envs_min"]
+            if t.get("beat_random_search"):
+                checks["beat_random_search"] = row["vs_random_search_diff"] < 0
+            if t.get("uniform_no_worse") and "vs_uniform_policy" in row:
+                checks["uniform_no_worse"] = row["vs_uniform_policy"] != "worse"
+            targets.update({f"{k}_met": v for k, v in checks.items()}, met=all(checks.values()))
+    summary = {"level": params["level"], "E": E, "R": R, "iters": int(params["iters"]),
+               "candidates": int(params["candidates"]), "T": int(params["T"]),
+               "T_eval": int(params["T_eval"]),
+               "tau_start": float(params["tau_start"]), "tau_end": float(params["tau_end"]),
+               "models": len(specs), "ci_pct": 95}
     table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
-                 for name, sol in (("gradient", grad_sol), ("random search", rs_sol))}
-    return {"summary": summary, "table": table, "history": hist, "solutions_mean": solutions,
-            "config": params, "_grad_sol": grad_sol, "_rs_sol": rs_sol, "_start": start, "_sc": sc}
+                 for name, sol in sols.items()}
+    return {"summary": summary, "table": table, "comparisons": comparisons, "targets": targets,
+            "history": hist,
+            "uniform_policy": uniform, "solutions_mean": solutions, "wall_s": wall, "config": params,
+            "env_costs": {r["solution"]: r["_env_cost"].tolist() for r in rows},
+            "_sols": sols, "_sc": sc}
 
 
 def figure(payload: dict, path: str, title: str) -> None:
-    """Relaxed training cost and the held-out discrete cost against the iteration, with the
-    random-search best and the start as lines."""
+    """The held-out cost on ``level`` of each gradient run against the iteration (left), with the
+    start, random search and the uniform policy as lines; each solution's cost on ``level`` per
+    env as a box (right)."""
     try:
         from _plots import save
     except ImportError:
         from benchmarks.diff._plots import save
     import matplotlib.pyplot as plt
 
-    hist, s = payload["history"], payload["summary"]
+    s, by = payload["summary"], {r["solution"]: r for r in payload["table"]}
     lvl = s["level"]
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    ax.plot([h["iter"] for h in hist], [h["relaxed_cost"] for h in hist], lw=1,
-            label=f"{s['mode']}D relaxed cost (training sends, tau annealed)")
-    pts = [(h["iter"], h["discrete_cost_heldout"]) for h in hist if "discrete_cost_heldout" in h]
-    if pts:
-        ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=f"{lvl}, held-out sends")
-    ax.axhline(s[f"{lvl}_cost_random_best_of_{s['candidates']}"], color="k", ls="--", lw=1,
-               label=f"random search, best of {s['candidates']} ({lvl}, held-out)")
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]})
+    for name, hist in payload["history"].items():
+        pts = [(h["iter"], h["level_cost_heldout"]) for h in hist if "level_cost_heldout" in h]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=f"{name.removeprefix('gradient, ')}")
+    for base, ls in (("start", ":"), ("random search", "--"), ("uniform policy", "-.")):
+        if base in by:
+            ax.axhline(by[base]["cost"], color="k", ls=ls, lw=1, label=base)
+    ax.set_yscale("log")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("cost per env (mean over envs)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    ax.set_ylabel(f"cost on {lvl}, held-out sends (mean over envs)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
+    names = [r["solution"] for r in payload["table"]]
+    bx.boxplot([payload["env_costs"][n] for n in names], orientation="horizontal", showfliers=True)
+    bx.set_yticks(range(1, len(names) + 1))
+    bx.set_yticklabels([n.removeprefix("gradient, ") for n in names], fontsize=7)
+    bx.set_xscale("log")
+    bx.set_xlabel(f"cost per env on {lvl}, held-out sends")
+    bx.grid(alpha=0.3, which="both")
     fig.tight_layout()
     save(fig, path)
 
@@ -328,15 +444,15 @@ def write(stage, payload: dict, out: dict, title: str) -> None:
     if "figure" in out:
         figure(payload, out["figure"], title)
         fig_name = out["figure"].rsplit("/", 1)[-1]
-    for k, v in payload["summary"].items():
-        print(f"  {k}: {v}")
     clean = {k: v for k, v in payload.items() if not k.startswith("_")}
     stage.write_json(out["json"], {**clean, **({"figure": fig_name} if fig_name else {})})
 
 
 def main(stage, params: dict, out: dict) -> None:
-    """Per-robot send probability and transmit power: gradient vs random search."""
-    write(stage, compute(params, RateDecisions, device=stage.device), out, "Send probability and tx power")
+    """Per-robot send probability and transmit power: gradients through the models vs the baselines."""
+    payload = compute(params, RateDecisions, device=stage.device, calibration=out.get("calibration"),
+                      proxy_path=out.get("proxy"))
+    write(stage, payload, out, "Send probability and tx power, scored on L2-legacy")
 
 
 if __name__ == "__main__":

@@ -60,26 +60,27 @@ class PlacementDecisions:
         return self({"pos": pos})
 
 
-def compute_placement(params: dict, progress: bool = True, device: str = "cpu") -> dict:
-    payload = compute(params, PlacementDecisions, progress, device)
-    sc, sols = payload["_sc"], {"gradient": payload["_grad_sol"], "random search": payload["_rs_sol"]}
-    for name, sol in sols.items():
-        moved = (sol["pos"] - sc["pos"]).norm(dim=-1)
+def compute_placement(params: dict, progress: bool = True, device: str = "cpu",
+                      calibration: str | None = None, proxy_path: str | None = None) -> dict:
+    payload = compute(params, PlacementDecisions, progress, device, calibration=calibration,
+                      proxy_path=proxy_path)
+    sc = payload["_sc"]
+    moved = {}
+    for name, sol in payload["_sols"].items():
         d0, d1 = sc["pos"].norm(dim=-1), sol["pos"].norm(dim=-1)
-        key = name.replace(" ", "_")
-        payload["summary"][f"{key}_mean_moved_m"] = float(moved.mean())
-        payload["summary"][f"{key}_mean_gnb_distance_change_m"] = float((d1 - d0).mean())
+        moved[name] = {"mean_moved_m": float((sol["pos"] - sc["pos"]).norm(dim=-1).mean()),
+                       "mean_gnb_distance_change_m": float((d1 - d0).mean())}
+    payload["solutions_mean"] = moved
     payload["summary"]["move_weight_per_m"] = float(params["move_weight"])
     payload["summary"]["radius_m"] = float(params["radius_m"])
-    s = payload["summary"]
-    payload["solutions_mean"] = {k: {"mean_moved_m": s[f"{k.replace(' ', '_')}_mean_moved_m"]} for k in sols}
     return payload
 
 
 def main(stage, params: dict, out: dict) -> None:
-    """Robot placement against network KPIs plus a movement cost: gradient vs random search."""
-    payload = compute_placement(params, device=stage.device)
-    write(stage, payload, out, "Robot placement (movement cost included)")
+    """Robot placement against network KPIs plus a movement cost: gradients vs random search."""
+    payload = compute_placement(params, device=stage.device, calibration=out.get("calibration"),
+                                proxy_path=out.get("proxy"))
+    write(stage, payload, out, "Robot placement (movement cost included), scored on L2-legacy")
 
 
 if __name__ == "__main__":

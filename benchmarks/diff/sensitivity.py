@@ -18,13 +18,21 @@ finite difference in ``p`` is that of a step function averaged over seeds: only 
 whose uniform lies within ``h`` of ``p`` change, so the step must be large enough for
 many to (the default 0.05 changes about 10 % of the sends).
 
+Every model runs uncalibrated and with its calibration (``calibration.json`` of the
+calibrate stage, ``Calibration.apply``). The operating points are the stage points (light
+and heavy load) and held-out points outside the calibration's training envelope (more
+robots per cell, a far area, the opt_rates start), flagged ``held_out``.
+
 Comparison per row: sign agreement of the model's mean with the FD mean (counted only
 where the FD differs from zero by more than two standard errors; a model gradient below
-``ZERO_RATIO`` of the FD counts as a disagreement, "model gradient ~ 0"), and the
-magnitude ratio model / FD with a paired bootstrap 95 % interval over replicates.
+``ZERO_RATIO`` of the FD counts as a disagreement, "model gradient 0"), the magnitude
+ratio model / FD with a paired bootstrap 95 % interval over replicates, and whether the
+ratio lies within a factor 2 of 1. One job per operating point (``part`` = ``op-<name>``),
+then ``merge``.
 """
 
 
+import json
 import math
 import time
 
@@ -33,9 +41,9 @@ import torch
 from tqdm import tqdm
 
 try:
-    from _common import cell_config, generator, run
+    from _common import cell_config, generator, ratio_ci, run
 except ImportError:  # imported as benchmarks.diff.sensitivity (tests)
-    from benchmarks.diff._common import cell_config, generator, run
+    from benchmarks.diff._common import cell_config, generator, ratio_ci, run
 
 KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
 KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "AoI",
@@ -44,16 +52,19 @@ INPUTS = ("p", "kbytes", "tx_db", "dist_m")
 INPUT_LABEL = {"p": "p", "kbytes": "kB", "tx_db": "tx dB", "dist_m": "dist m"}
 SENDS = {"mf": "mean_field", "rb": "relaxed"}
 ZERO_RATIO = 1e-3  # |model / FD| below this counts as a zero model gradient (a sign disagreement)
+WITHIN = 2.0  # "ratio within x2": 1 / WITHIN <= model / FD <= WITHIN
+VERDICTS = ("sign_ok", "sign_wrong", "fd_not_resolved", "model_zero")
 
 
 def problem(op: dict, n_seeds: int, envs_per_seed: int, R: int, T: int, seed: int, dtype) -> dict:
     """Base inputs of all replicates, batched along envs (replicate ``s`` = envs
-    ``[s * envs_per_seed, (s + 1) * envs_per_seed)``).
+    ``[s * envs_per_seed, (s + 1) * envs_per_seed)``); ``op["R"]``, when given, replaces ``R``.
 
     :output p, B, tx, d, dir, u: ``[E, R]`` (``dir`` ``[E, R, 2]``, ``u`` ``[T, E, R]``),
         ``E = n_seeds * envs_per_seed``; positions uniform in ``op["area_m"]`` squared.
     """
     parts = []
+    R = int(op.get("R", R))
     lo, hi = op.get("area_m", [40.0, 140.0])
     sizes = torch.tensor([float(s) for s in op["sizes_bytes"]], dtype=dtype)
     for s in range(n_seeds):
@@ -96,15 +107,9 @@ def inputs_at(base: dict, shift: dict, n_seeds: int) -> dict:
 
 def replicate_kpis(res: dict, n_seeds: int) -> dict:
     """Per-replicate batch KPIs ``[n_seeds]`` from a rollout's per-robot totals (totals over totals)."""
-    def grp(x):
-        return x.reshape(n_seeds, -1)
+    from isaac_net.core.diff.calibrate import group_kpis
 
-    return {
-        "mean_delay": grp(res["delay_sum"]).sum(-1) / grp(res["delivered"]).sum(-1),
-        "delivery_ratio": grp(res["delivered"]).sum(-1) / grp(res["offered"]).sum(-1),
-        "mean_aoi": grp(res["aoi"]).mean(-1),
-        "mean_energy_j": grp(res["energy_j"]).mean(-1),
-    }
+    return group_kpis(res, n_seeds)
 
 
 def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
@@ -152,137 +157,181 @@ def l2_fd(base, n_seeds, T, warmup, steps, engine_seed, cfg, dtype, level,
     return fd, vals[(None, 0.0)]
 
 
-def ratio_ci(model: np.ndarray, ref: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple:
-    """Ratio of means model / ref and its paired percentile bootstrap 95 % interval over replicates."""
-    ratio = float(model.mean() / ref.mean()) if ref.mean() != 0 else math.nan
-    idx = rng.integers(0, len(ref), size=(n_boot, len(ref)))
-    num, den = model[idx].mean(1), ref[idx].mean(1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = num / den
-    r = r[np.isfinite(r)]
-    if len(r) < n_boot // 2:
-        return ratio, math.nan, math.nan
-    lo, hi = np.percentile(r, [2.5, 97.5])
-    # A bootstrap distribution of a ratio whose denominator crosses zero is not an interval.
-    if (den > 0).mean() not in (0.0, 1.0) and min((den > 0).mean(), (den < 0).mean()) > 0.025:
-        return ratio, -math.inf, math.inf
-    return ratio, float(lo), float(hi)
+def ops_by_name(params: dict) -> dict:
+    """The operating points ``{name: point}`` in config order (``params["ops"]``: a list of named points)."""
+    return {op["name"]: op for op in params["ops"]}
 
 
-def compute(params: dict, progress: bool = True, device: str = "cpu") -> dict:
-    """The whole study; returns the artifact payload (without provenance) and figure data.
+def model_list(params: dict) -> list[tuple]:
+    """``(mode, sends, calibrated)`` of every model column, uncalibrated before calibrated."""
+    return [(m, sd, cal) for m in params["modes"] for sd in params["sends"] for cal in (False, True)]
+
+
+def model_label(mode: str, sends: str, calibrated: bool) -> str:
+    return f"{mode}D {sends}" + (" cal" if calibrated else "")
+
+
+def load_calibrations(path: str | None, params: dict) -> dict:
+    """``{(mode, sends): Calibration}`` from the calibration file (None: no calibrated columns)."""
+    if path is None:
+        return {}
+    from isaac_net.core.diff.calibrate import Calibration
+
+    return {(m, sd): Calibration.load(path, mode=m, sends=SENDS[sd]) for m in params["modes"]
+            for sd in params["sends"]}
+
+
+def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, device: str = "cpu") -> dict:
+    """One operating point: the detail rows of every (KPI, input, model) and the KPI values.
     Inputs are drawn on the CPU and moved to ``device``, so every device sees the same ones."""
     dtype = getattr(torch, params.get("dtype", "float32"))
     cfg = cell_config(params.get("cell", {}))
-    n_seeds, per, R, T, warmup = (int(params[k]) for k in ("n_seeds", "envs_per_seed", "R", "T", "warmup"))
+    op = ops_by_name(params)[op_name]
+    n_seeds, per, T, warmup = (int(params[k]) for k in ("n_seeds", "envs_per_seed", "T", "warmup"))
+    R = int(op.get("R", params["R"]))
     steps = params["fd_steps"]
-    models = [(m, s) for m in params["modes"] for s in params["sends"]]
-    rng = np.random.default_rng(int(params["seed"]))
+    models = [m for m in model_list(params) if not m[2] or (m[0], m[1]) in cals]
+    # One stream per operating point: a point's bootstrap does not depend on the others.
+    rng = np.random.default_rng([int(params["seed"]), sorted(ops_by_name(params)).index(op_name)])
     bar = (lambda xs, **kw: tqdm(xs, mininterval=2.0, **kw)) if progress else None
-    rows, detail, ref_point = [], [], None
-    values = []
-    wall = {"l2": 0.0, "models": 0.0}
-    for op_name, op in params["ops"].items():
-        base = problem(op, n_seeds, per, R, T, int(params["seed"]), dtype)
-        base = {k: v.to(device) for k, v in base.items()}
-        t0 = time.perf_counter()
-        desc = f"{params['level']} FD {op_name}"
-        fd, l2_vals = l2_fd(base, n_seeds, T, warmup, steps, int(params["seed"]), cfg, dtype, params["level"],
-                            progress=(lambda xs, desc=desc: bar(xs, desc=desc)) if progress else None)
-        t1 = time.perf_counter()
-        wall["l2"] += t1 - t0
-        grads, mvals = {}, {}
-        it = models if not progress else bar(models, desc=f"models {op_name}")
-        for mode, sends in it:
-            grads[(mode, sends)], mvals[(mode, sends)] = model_gradients(
-                base, mode, sends, n_seeds, T, warmup, float(params["tau"]), float(params["lam"]), cfg)
-        wall["models"] += time.perf_counter() - t1
-        lvl = params["level"]
-        values.append({"op": op_name, "p": op["p"], **{f"{lvl}_{KPI_LABEL[k]}": float(l2_vals[k].mean())
-                                                       for k in KPIS},
-                       **{f"{m}D_{s}_{KPI_LABEL[k]}": float(mvals[(m, s)][k].mean())
-                          for (m, s) in models for k in KPIS}})
+    base = problem(op, n_seeds, per, R, T, int(params["seed"]), dtype)
+    base = {k: v.to(device) for k, v in base.items()}
+    t0 = time.perf_counter()
+    desc = f"{params['level']} FD {op_name}"
+    fd, l2_vals = l2_fd(base, n_seeds, T, warmup, steps, int(params["seed"]), cfg, dtype, params["level"],
+                        progress=(lambda xs, desc=desc: bar(xs, desc=desc)) if progress else None)
+    t1 = time.perf_counter()
+    grads, mvals = {}, {}
+    for mode, sends, calibrated in (models if not progress else bar(models, desc=f"models {op_name}")):
+        mcfg = cfg
+        if calibrated:
+            mcfg = cals[(mode, sends)].apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0]))
+        grads[(mode, sends, calibrated)], mvals[(mode, sends, calibrated)] = model_gradients(
+            base, mode, sends, n_seeds, T, warmup, float(params["tau"]), float(params["lam"]), mcfg)
+    t2 = time.perf_counter()
+    values = {"op": op_name, "held_out": bool(op.get("held_out", False)), "p": float(op["p"]), "R": R,
+              "sizes_bytes": [float(b) for b in op["sizes_bytes"]], "tx_dbm": float(op.get("tx_dbm", 23.0)),
+              "area_m": [float(x) for x in op.get("area_m", [40.0, 140.0])],
+              "L2": {KPI_LABEL[k]: float(l2_vals[k].mean()) for k in KPIS},
+              "models": {model_label(*m): {KPI_LABEL[k]: float(mvals[m][k].mean()) for k in KPIS}
+                         for m in models}}
+    detail = []
+    for kpi in KPIS:
+        for name in INPUTS:
+            ref = fd[(kpi, name)].numpy()
+            ref_mean, ref_se = float(ref.mean()), float(ref.std(ddof=1) / math.sqrt(n_seeds))
+            significant = abs(ref_mean) > 2.0 * ref_se
+            for m in models:
+                g = grads[m][(kpi, name)].numpy()
+                g_mean, g_std = float(g.mean()), float(g.std(ddof=1))
+                ratio, lo, hi = ratio_ci(g, ref, int(params["n_boot"]), rng)
+                # A model gradient below 1e-3 of the FD is numerically zero: its sign means nothing.
+                is_zero = abs(g_mean) < ZERO_RATIO * abs(ref_mean)
+                same_sign = bool(np.sign(g_mean) == np.sign(ref_mean)) and not is_zero
+                agree = same_sign if significant else None
+                verdict = ("fd_not_resolved" if not significant else "model_zero" if is_zero
+                           else "sign_ok" if same_sign else "sign_wrong")
+                within = (1.0 / WITHIN <= ratio <= WITHIN) if significant and math.isfinite(ratio) else None
+                detail.append({"op": op_name, "held_out": values["held_out"], "kpi": kpi, "input": name,
+                               "derivative": f"d {KPI_LABEL[kpi]} / d {INPUT_LABEL[name]}",
+                               "model": model_label(*m), "mode": m[0], "sends": m[1], "calibrated": m[2],
+                               "grad_mean": g_mean, "grad_std": g_std, "fd_mean": ref_mean, "fd_se": ref_se,
+                               "fd_significant": significant, "sign_agree": agree, "verdict": verdict,
+                               "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "ratio_within_x2": within,
+                               "ci": ("unbounded" if math.isinf(lo) else
+                                      "none" if math.isnan(lo) else "bounded"),
+                               "grad": g.tolist(), "fd": ref.tolist()})
+    return {"op": op_name, "values": values, "rows": detail, "wall_l2_fd_s": t1 - t0,
+            "wall_models_s": t2 - t1}
+
+
+def _metrics(rows: list[dict]) -> dict:
+    """Sign agreement, median ratio, ratio within x2 and CI coverage of 1 over the resolved rows."""
+    sig = [d for d in rows if d["fd_significant"]]
+    ratios = [d["ratio"] for d in sig if math.isfinite(d["ratio"])]
+
+    def frac(xs):
+        return sum(xs) / len(xs) if xs else None
+
+    return {"resolved_rows": len(sig), "sign_agree_frac": frac([d["sign_agree"] for d in sig]),
+            "median_ratio": float(np.median(ratios)) if ratios else None,
+            "within_x2_frac": frac([bool(d["ratio_within_x2"]) for d in sig]),
+            "ci_covers_1_frac": frac([d["ratio_lo"] <= 1.0 <= d["ratio_hi"] for d in sig])}
+
+
+def merge(params: dict, parts: list[dict], cals: dict) -> dict:
+    """The artifact payload from the per-point parts: summary, metrics per model and point group,
+    the table (one row per derivative and point, one entry per model) and the values."""
+    detail = [d for part in parts for d in part["rows"]]
+    labels = list(dict.fromkeys(d["model"] for d in detail))
+    metrics = []
+    for label in labels:
+        mine = [d for d in detail if d["model"] == label]
+        for group, rows in (("stage", [d for d in mine if not d["held_out"]]),
+                            ("held_out", [d for d in mine if d["held_out"]])):
+            if rows:
+                m0 = rows[0]
+                metrics.append({"model": label, "mode": m0["mode"], "sends": m0["sends"],
+                                "calibrated": m0["calibrated"], "points": group, **_metrics(rows)})
+    table = []
+    for part in parts:
         for kpi in KPIS:
             for name in INPUTS:
-                ref = fd[(kpi, name)].numpy()
-                ref_mean, ref_se = float(ref.mean()), float(ref.std(ddof=1) / math.sqrt(n_seeds))
-                significant = abs(ref_mean) > 2.0 * ref_se
-                row = {"op": op_name, "derivative": f"d {KPI_LABEL[kpi]} / d {INPUT_LABEL[name]}",
-                       "L2-legacy FD": f"{_f(ref_mean)} ± {_f(ref_se)}"}
-                for mode, sends in models:
-                    g = grads[(mode, sends)][(kpi, name)].numpy()
-                    g_mean, g_std = float(g.mean()), float(g.std(ddof=1))
-                    ratio, lo, hi = ratio_ci(g, ref, int(params["n_boot"]), rng)
-                    # A model gradient below 1e-3 of the FD is numerically zero: its sign means nothing.
-                    is_zero = abs(g_mean) < ZERO_RATIO * abs(ref_mean)
-                    same_sign = bool(np.sign(g_mean) == np.sign(ref_mean)) and not is_zero
-                    agree = same_sign if significant else None
-                    label = f"{mode}D {sends}"
-                    verdict = {True: "sign ok", False: "sign WRONG", None: "FD ~ 0"}[agree]
-                    if is_zero and significant:
-                        verdict = "model gradient ~ 0"
-                    row[label] = (f"{_f(g_mean)} ± {_f(g_std)}; ratio {_f(ratio)} [{_f(lo)}, {_f(hi)}]; "
-                                  f"{verdict}")
-                    detail.append({"op": op_name, "kpi": kpi, "input": name, "model": label,
-                                   "grad_mean": g_mean, "grad_std": g_std,
-                                   "fd_mean": ref_mean, "fd_se": ref_se,
-                                   "fd_significant": significant, "sign_agree": agree, "ratio": ratio,
-                                   "ratio_lo": lo, "ratio_hi": hi, "grad": g.tolist(), "fd": ref.tolist()})
-                    if (mode, sends, kpi, name) == ("QA", "rb", "mean_aoi", "tx_db") and op["p"] == 0.5:
-                        ref_point = (g_mean, g_std)
-                rows.append(row)
-    setup = {
-        "fd_p_note": (f"binary sends u < p: the FD in p is that of a step function averaged over seeds; "
-                      f"h = {_f(float(steps['p']))} changes the sends whose uniform lies within h of p"),
-        "level": params["level"],
-        "n_seeds": n_seeds,
-        "envs_per_seed": per,
-        "robots": R,
-        "T": T,
-        "warmup": warmup,
-        "tau": float(params["tau"]),
-        "lam": float(params["lam"]),
-        "ratio_ci_pct": 95,
-        **{f"fd_step_{k}": float(v) for k, v in steps.items()},
-        "fd_significant_rows": sum(1 for d in detail if d["fd_significant"]) // max(len(models), 1),
-        "rows": len(rows),
-    }
-    summary = {}
-    for mode, sends in models:
-        label = f"{mode}D {sends}"
-        mine = [d for d in detail if d["model"] == label]
-        sig = [d for d in mine if d["fd_significant"]]
-        ratios = [d["ratio"] for d in sig if math.isfinite(d["ratio"])]
-        key = f"{mode}D_{sends}"
-        summary[f"{key}_sign_agree_frac"] = (sum(d["sign_agree"] for d in sig) / len(sig)) if sig else None
-        summary[f"{key}_median_ratio"] = float(np.median(ratios)) if ratios else None
-        covers = [d["ratio_lo"] <= 1.0 <= d["ratio_hi"] for d in sig]
-        summary[f"{key}_ratio_ci_covers_1_frac"] = (sum(covers) / len(sig)) if sig else None
-    if ref_point is not None:
-        summary["QAD_rb_dAoI_dtx_at_p0.5"] = ref_point[0]
-        summary["QAD_rb_dAoI_dtx_at_p0.5_std"] = ref_point[1]
-    for v in values:
-        for kpi in KPIS:
-            name = f"{params['level']}_{KPI_LABEL[kpi]}"
-            summary[f"{v['op']}_{name}"] = v[name]
-    summary.update(setup)
-    summary.update({"wall_l2_fd_s": wall["l2"], "wall_models_s": wall["models"]})
-    return {"summary": summary, "table": rows, "values": values, "rows": detail,
-            "config": params}
+                cells = [d for d in part["rows"] if d["kpi"] == kpi and d["input"] == name]
+                d0 = cells[0]
+                keep = ("grad_mean", "grad_std", "ratio", "ratio_lo", "ratio_hi", "ci", "verdict")
+                table.append({"op": part["op"], "held_out": d0["held_out"], "derivative": d0["derivative"],
+                              "fd_mean": d0["fd_mean"], "fd_se": d0["fd_se"],
+                              "fd_significant": d0["fd_significant"],
+                              "models": {d["model"]: {k: d[k] for k in keep} for d in cells}})
+    summary = {"level": params["level"], "n_seeds": int(params["n_seeds"]),
+               "envs_per_seed": int(params["envs_per_seed"]), "robots": int(params["R"]),
+               "T": int(params["T"]),
+               "warmup": int(params["warmup"]), "tau": float(params["tau"]), "lam": float(params["lam"]),
+               "ratio_ci_pct": 95, "within": WITHIN, "zero_ratio": ZERO_RATIO,
+               **{f"fd_step_{k}": float(v) for k, v in params["fd_steps"].items()},
+               "points": len(parts), "held_out_points": sum(p["values"]["held_out"] for p in parts),
+               "calibrated": bool(cals), "rows": len(table),
+               "wall_l2_fd_s": sum(p["wall_l2_fd_s"] for p in parts),
+               "wall_models_s": sum(p["wall_models_s"] for p in parts)}
+    targets = []
+    t = params.get("targets")
+    if t:
+        lo, hi = t["median_ratio"]
+        for m in metrics:
+            if m["model"] in t["models"]:
+                checks = {"sign_agree": (m["sign_agree_frac"], t["sign_agree_min"]),
+                          "within_x2": (m["within_x2_frac"], t["within_x2_min"])}
+                met = {k: (v is not None and v >= need) for k, (v, need) in checks.items()}
+                met["median_ratio"] = m["median_ratio"] is not None and lo <= m["median_ratio"] <= hi
+            elif m["model"] == "L1D mf cal":
+                met = {"sign_agree": m["sign_agree_frac"] is not None
+                       and m["sign_agree_frac"] >= t["l1d_mf_sign_agree_min"]}
+            else:
+                continue
+            targets.append({"model": m["model"], "points": m["points"],
+                            **{f"{k}_met": v for k, v in met.items()}, "met": all(met.values())})
+    for m in metrics:  # flat keys the template quotes
+        key = m["model"].replace(" ", "_")
+        for k in ("sign_agree_frac", "median_ratio", "within_x2_frac", "ci_covers_1_frac"):
+            summary[f"{key}_{m['points']}_{k}"] = m[k]
+    summary["targets_all_met"] = all(x["met"] for x in targets) if targets else None
+    return {"summary": summary, "metrics": metrics, "targets": targets, "table": table,
+            "values": [p["values"] for p in parts], "rows": detail, "config": params}
 
 
-def _f(x: float) -> str:
-    if x is None or not math.isfinite(x):
-        return "inf" if x == math.inf else ("-inf" if x == -math.inf else "n/a")
-    if x == 0:
-        return "0"
-    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
+def compute(params: dict, progress: bool = True, device: str = "cpu", calibration: str | None = None) -> dict:
+    """The whole study in one process (every point, then ``merge``); returns the artifact payload."""
+    cals = load_calibrations(calibration, params)
+    parts = [compute_op(params, name, cals, progress, device) for name in ops_by_name(params)]
+    return merge(params, parts, cals)
 
 
 def figure(detail: list[dict], path: str) -> None:
     """Ratio model gradient / L2-legacy FD with its 95 % interval, one panel per operating
     point, one column of markers per derivative the FD resolves (symlog axis: a negative
-    ratio is a sign disagreement; 1 is agreement in sign and size)."""
+    ratio is a sign disagreement; 1 is agreement in sign and size; the band is "within x2").
+    Uncalibrated models as open markers, calibrated as filled ones in the same colour."""
     try:
         from _plots import save
     except ImportError:
@@ -290,50 +339,63 @@ def figure(detail: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(d["model"] for d in detail))
+    bases = list(dict.fromkeys(m.removesuffix(" cal") for m in models))
     ops = list(dict.fromkeys(d["op"] for d in detail))
+    held = {d["op"]: d["held_out"] for d in detail}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.6 * len(ops)), squeeze=False)
+    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.4 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops, strict=True):
-        labels = list(dict.fromkeys(f"d {KPI_LABEL[d['kpi']]} / d {INPUT_LABEL[d['input']]}" for d in detail
-                                    if d["op"] == op and d["fd_significant"]))
+        labels = list(dict.fromkeys(d["derivative"] for d in detail if d["op"] == op and d["fd_significant"]))
         for j, m in enumerate(models):
             rows = [d for d in detail if d["op"] == op and d["model"] == m and d["fd_significant"]]
             xs, ys, lo, hi = [], [], [], []
             for d in rows:
-                x = labels.index(f"d {KPI_LABEL[d['kpi']]} / d {INPUT_LABEL[d['input']]}")
                 r = max(min(d["ratio"], 1e3), -1e3)
-                xs.append(x + (j - (len(models) - 1) / 2) * 0.15)
+                xs.append(labels.index(d["derivative"]) + (j - (len(models) - 1) / 2) * 0.09)
                 ys.append(r)
                 l_, h_ = d["ratio_lo"], d["ratio_hi"]
-                lo.append(r - max(min(l_, 1e3), -1e3) if math.isfinite(l_) else 0.0)
-                hi.append(max(min(h_, 1e3), -1e3) - r if math.isfinite(h_) else 0.0)
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=colors[j % len(colors)], label=m,
-                        elinewidth=0.8)
+                lo.append(max(r - max(min(l_, 1e3), -1e3), 0.0) if math.isfinite(l_) else 0.0)
+                hi.append(max(max(min(h_, 1e3), -1e3) - r, 0.0) if math.isfinite(h_) else 0.0)
+            col = colors[bases.index(m.removesuffix(" cal")) % len(colors)]
+            cal = m.endswith(" cal")
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=col, mfc=col if cal else "none", label=m,
+                        elinewidth=0.7, alpha=1.0 if cal else 0.6)
+        ax.axhspan(1.0 / WITHIN, WITHIN, color="green", alpha=0.08, lw=0)
         ax.axhline(1.0, color="k", ls=":", lw=0.8)
         ax.axhline(0.0, color="grey", lw=0.5)
         ax.set_yscale("symlog", linthresh=1e-2)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("model / L2-legacy FD")
-        ax.set_title(f"operating point {op}: derivatives the FD resolves (|mean| > 2 SE), 95 % CI",
-                     fontsize=9)
+        kind = "held-out point" if held[op] else "stage point"
+        ax.set_title(f"{op} ({kind}): derivatives the FD resolves (|mean| > 2 SE), 95 % CI; "
+                     f"open = uncalibrated, filled = calibrated", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=len(models))
+        ax.legend(fontsize=6, ncol=4)
     fig.tight_layout()
     save(fig, path)
 
 
-def main(stage, params: dict, out: dict) -> None:
-    """Gradients of L1D and QAD against L2-legacy finite differences with CRN."""
+def main(stage, params: dict, out: dict, part: str | None = None) -> None:
+    """Gradients of L1D and QAD (uncalibrated and calibrated) against L2-legacy finite differences
+    with CRN: one part per operating point (``op-<name>``), then ``merge``."""
     torch.manual_seed(int(params["seed"]))
-    payload = compute(params, device=stage.device)
+    cals = load_calibrations(out.get("calibration"), params)
+    if part is not None and part.startswith("op-"):
+        stage.write_json(out["json"], compute_op(params, part[3:], cals, device=stage.device))
+        return
+    if part not in (None, "merge"):
+        raise ValueError(f"part: expected op-<name> or merge, got {part!r}")
+    if "parts" in out:
+        parts = [json.loads(open(path).read()) for path in out["parts"]]
+        parts.sort(key=lambda x: list(ops_by_name(params)).index(x["op"]))
+        payload = merge(params, parts, cals)
+    else:
+        payload = compute(params, device=stage.device, calibration=out.get("calibration"))
     fig_name = None
     if "figure" in out:
         figure(payload["rows"], out["figure"])
         fig_name = out["figure"].rsplit("/", 1)[-1]
-    s = payload["summary"]
-    for k, v in s.items():
-        print(f"  {k}: {v}")
     stage.write_json(out["json"], {**payload, **({"figure": fig_name} if fig_name else {})})
 
 

@@ -1,4 +1,4 @@
-"""Cell constants shared by every level and relaxation (DESIGN.md §1)."""
+"""Cell constants shared by every level and relaxation (docs/design.md §1)."""
 
 from __future__ import annotations
 

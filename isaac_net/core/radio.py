@@ -1,6 +1,6 @@
 """Radio model: distance -> path loss -> SNR with the full power in one subband.
 
-3GPP UMi street-canyon NLOS, simplified (DESIGN.md §1):
+3GPP UMi street-canyon NLOS, simplified (docs/design.md §1):
 
 .. math::
     d = \\max(\\lVert pos \\rVert, 1\\,\\mathrm{m}),\\quad

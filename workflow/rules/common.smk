@@ -1,5 +1,70 @@
-# Shared definitions of the pipeline: paths, inputs every stage has, the report's inputs.
+# Shared definitions of the pipeline: the config's coercion and validation, paths, inputs every
+# stage has, the report's inputs.
 import glob
+import re
+
+import yaml
+from snakemake.utils import validate
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _coerce(value):
+    """A command-line override's strings as YAML values: ``--config 'convergence={default_tau: 0.1}'``
+    reaches the config with ``'0.1'`` (Snakemake passes nested values as strings)."""
+    if isinstance(value, dict):
+        return {k: _coerce(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_coerce(v) for v in value]
+    if isinstance(value, str):
+        if _NUMBER.fullmatch(value.strip()):
+            return yaml.safe_load(value) if "." in value or not re.search("[eE]", value) else float(value)
+        if value.strip().startswith(("{", "[")) or value.strip() in ("true", "false", "null"):
+            return yaml.safe_load(value)
+    return value
+
+
+for _key in list(config):
+    if _key != "profile":
+        config[_key] = _coerce(config[_key])
+
+validate(config, "../schemas/config.schema.yaml")
+
+# CellConfig's default of num_slots (isaac_net/core/config.py), for cells that do not set it.
+_DEFAULT_NUM_SLOTS = 40
+_SLASH = chr(47)  # config key paths are written a/b/c (a literal slash reads as a path to the linter)
+
+
+def _cross_field_errors(node, where=()):
+    """Errors that the schema cannot see: they combine two keys. Every section is walked."""
+    errors = []
+    if isinstance(node, dict):
+        here = _SLASH.join(where) or "(top level)"
+        for w, t in (("warmup", "T"), ("warmup_eval", "T_eval")):
+            if isinstance(node.get(w), int) and isinstance(node.get(t), int) and node[w] >= node[t]:
+                errors.append(f"{here}/{w} = {node[w]} must be less than {here}/{t} = {node[t]} "
+                              "(no step would be counted)")
+        if where and where[-1] == "cell":
+            k = node.get("num_slots", _DEFAULT_NUM_SLOTS)
+            for name in ("qa_sr_slots", "l1_sr_slots"):
+                v = node.get(name)
+                if isinstance(v, int) and isinstance(k, int) and v > k:
+                    errors.append(f"{here}/{name} = {v} exceeds {here}/num_slots = {k}")
+        for key, value in node.items():
+            errors += _cross_field_errors(value, (*where, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            errors += _cross_field_errors(value, (*where, str(i)))
+    return errors
+
+
+_errors = _cross_field_errors(config)
+_conv = config["convergence"]
+if _conv["default_tau"] not in _conv["table"]["taus"]:
+    _errors.append(f"convergence/default_tau = {_conv['default_tau']} is not one of convergence/table/taus = "
+                   f"{_conv['table']['taus']}")
+if _errors:
+    raise ValueError("config: " + "; ".join(_errors))
 
 PROFILE = config["profile"]
 RESULTS = f"benchmarks/diff/results/{PROFILE}"
@@ -20,14 +85,16 @@ ARTIFACTS = {
     "convergence_curves": f"{RESULTS}/convergence_curves.json",
     "gradcheck": f"{RESULTS}/gradcheck.json",
     "fd_check": f"{RESULTS}/fd_check.json",
+    "calibration": f"{RESULTS}/calibration.json",
     "cost": f"{RESULTS}/cost.json",
 }
-# The studies' artifacts (workflow/rules/studies.smk): the generic structure (provenance,
-# summary, table, optional figure) that the page renders without knowing the study.
+# The studies' artifacts (workflow/rules/studies.smk). Every artifact is an input of the page
+# and of the `report` target, so a missing one is rebuilt (see the Snakefile).
 OPTIONAL_ARTIFACTS = {
     name: f"{RESULTS}/{name}.json" for name in ("sensitivity", "opt_rates", "placement", "nn_proxy")
 }
 ALL_ARTIFACTS = {**ARTIFACTS, **OPTIONAL_ARTIFACTS}
+TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
 PENDING_COMMANDS = {
     name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ALL_ARTIFACTS.items()
 }

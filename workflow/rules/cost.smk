@@ -3,7 +3,7 @@ rule cost:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=ARTIFACTS["cost"],
+        json=report(ARTIFACTS["cost"], caption="../report/cost.rst", category="cost"),
     params:
         **stage_params("cost"),
     log:

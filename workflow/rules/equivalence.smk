@@ -3,7 +3,7 @@ rule equivalence:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=ARTIFACTS["equivalence"],
+        json=report(ARTIFACTS["equivalence"], caption="../report/equivalence.rst", category="equivalence"),
     params:
         **stage_params("equivalence"),
     log:

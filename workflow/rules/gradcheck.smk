@@ -3,7 +3,7 @@ rule gradcheck:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=ARTIFACTS["gradcheck"],
+        json=report(ARTIFACTS["gradcheck"], caption="../report/gradcheck.rst", category="gradcheck"),
     params:
         **stage_params("gradcheck", drop=["fd"]),
         part="gradcheck",
@@ -23,8 +23,8 @@ rule fd_check:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=ARTIFACTS["fd_check"],
-        figure=f"{RESULTS}/fd_check.png",
+        json=report(ARTIFACTS["fd_check"], caption="../report/fd_check.rst", category="fd_check"),
+        figure=report(f"{RESULTS}/fd_check.png", caption="../report/fd_check.rst", category="fd_check"),
     params:
         **stage_params("gradcheck", drop=["small"]),
         part="fd",

@@ -21,14 +21,42 @@ $defs:
     description: opt_rates (p_init, tx_init_dbm, bounds) and placement (p, tx_dbm, move_weight, radius_m)
     type: object
     additionalProperties: false
-    required: [seed, level, l2_level, mode, sends, lam, dtype, E, R, T, warmup, T_eval, warmup_eval, iters, lr,
-               tau_start, tau_end, score_every, candidates, rs_chunk_envs, sizes_bytes, cost, cell]
+    required: [seed, level, models, proxy, lam, dtype, E, R, T, warmup, T_eval, warmup_eval, iters, lr,
+               tau_start, tau_end, score_every, candidates, n_boot, rs_chunk_envs, sizes_bytes, cost, cell]
     properties:
       seed: {$ref: "#/$defs/seed"}
-      level: {enum: [L1, QA]}
-      l2_level: {enum: [L1, QA, L2-legacy]}
-      mode: {$ref: "#/$defs/mode"}
-      sends: {enum: [mean_field, relaxed]}
+      level: {enum: [L1, QA, L2-legacy]}
+      models:
+        description: the models a gradient run goes through, each uncalibrated or calibrated (calibrate stage)
+        type: array
+        minItems: 1
+        items:
+          type: object
+          additionalProperties: false
+          required: [mode, sends, calibrated]
+          properties:
+            mode: {$ref: "#/$defs/mode"}
+            sends: {enum: [mean_field, relaxed]}
+            calibrated: {type: boolean}
+      proxy: {type: boolean}
+      uniform:
+        type: object
+        additionalProperties: false
+        required: [p, tx_dbm]
+        properties:
+          p: {type: array, items: {$ref: "#/$defs/prob"}, minItems: 1}
+          tx_dbm: {type: array, items: {type: number}, minItems: 1}
+      n_boot: {type: integer, minimum: 10}
+      targets:
+        type: object
+        additionalProperties: false
+        required: [solution]
+        properties:
+          solution: {type: string}
+          start_envs_min: {type: number, minimum: 0, maximum: 1}
+          random_envs_min: {type: number, minimum: 0, maximum: 1}
+          beat_random_search: {type: boolean}
+          uniform_no_worse: {type: boolean}
       lam: {type: number, minimum: 0}
       dtype: {enum: [float32, float64]}
       E: {$ref: "#/$defs/posint"}
@@ -105,17 +133,31 @@ properties:
           tx_db: {type: number, exclusiveMinimum: 0}
           dist_m: {type: number, exclusiveMinimum: 0}
       ops:
-        type: object
-        minProperties: 1
-        additionalProperties:
+        description: operating points, each named (a list, so that a profile's list replaces the default's)
+        type: array
+        minItems: 1
+        items:
           type: object
           additionalProperties: false
-          required: [p, sizes_bytes]
+          required: [name, p, sizes_bytes]
           properties:
+            name: {type: string, pattern: "^[A-Za-z0-9_]+$"}
             p: {$ref: "#/$defs/prob"}
             sizes_bytes: {$ref: "#/$defs/sizes_bytes"}
             tx_dbm: {type: number}
             area_m: {$ref: "#/$defs/area_m"}
+            R: {$ref: "#/$defs/posint"}
+            held_out: {type: boolean}
+      targets:
+        type: object
+        additionalProperties: false
+        required: [models, sign_agree_min, median_ratio, within_x2_min, l1d_mf_sign_agree_min]
+        properties:
+          models: {type: array, items: {type: string}}
+          sign_agree_min: {type: number, minimum: 0, maximum: 1}
+          median_ratio: {type: array, items: {type: number, exclusiveMinimum: 0}, minItems: 2, maxItems: 2}
+          within_x2_min: {type: number, minimum: 0, maximum: 1}
+          l1d_mf_sign_agree_min: {type: number, minimum: 0, maximum: 1}
       cell: {$ref: "#/$defs/cell"}
   opt_rates: {$ref: "#/$defs/optimisation"}
   placement: {$ref: "#/$defs/optimisation"}
@@ -173,15 +215,44 @@ except jsonschema.ValidationError as _err:
     raise ValueError(f"config: {_where}: {_err.message}") from None
 
 
+SENSITIVITY_OPS = [op["name"] for op in config["sensitivity"]["ops"]]
+
+
+rule sensitivity_op:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        calibration=ARTIFACTS["calibration"],
+    output:
+        json=f"{RESULTS}/sensitivity/op_{{op}}.json",
+    params:
+        **stage_params("sensitivity"),
+        part=lambda wc: f"op-{wc.op}",
+    wildcard_constraints:
+        op="|".join(SENSITIVITY_OPS),
+    log:
+        f"{RESULTS}/logs/sensitivity_op_{{op}}.log",
+    benchmark:
+        f"{RESULTS}/bench/sensitivity_op_{{op}}.tsv"
+    threads: config["threads"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/sensitivity.py"
+
+
 rule sensitivity:
     input:
         library=LIBRARY,
         helpers=HELPERS,
+        calibration=ARTIFACTS["calibration"],
+        parts=expand(f"{RESULTS}/sensitivity/op_{{op}}.json", op=SENSITIVITY_OPS),
     output:
-        json=OPTIONAL_ARTIFACTS["sensitivity"],
-        figure=f"{RESULTS}/sensitivity.png",
+        json=report(OPTIONAL_ARTIFACTS["sensitivity"], caption="../report/sensitivity.rst", category="sensitivity"),
+        figure=report(f"{RESULTS}/sensitivity.png", caption="../report/sensitivity.rst", category="sensitivity"),
     params:
         **stage_params("sensitivity"),
+        part="merge",
     log:
         log_path("sensitivity"),
     benchmark:
@@ -197,6 +268,8 @@ rule opt_rates:
     input:
         library=LIBRARY,
         helpers=HELPERS,
+        calibration=ARTIFACTS["calibration"],
+        proxy=f"{RESULTS}/nn_proxy.pt",
     output:
         json=OPTIONAL_ARTIFACTS["opt_rates"],
         figure=f"{RESULTS}/opt_rates.png",
@@ -218,6 +291,8 @@ rule placement:
         library=LIBRARY,
         helpers=HELPERS,
         scripts=["benchmarks/diff/opt_rates.py"],
+        calibration=ARTIFACTS["calibration"],
+        proxy=f"{RESULTS}/nn_proxy.pt",
     output:
         json=OPTIONAL_ARTIFACTS["placement"],
         figure=f"{RESULTS}/placement.png",
@@ -240,8 +315,8 @@ rule nn_proxy:
         helpers=HELPERS,
         scripts=["benchmarks/diff/sensitivity.py"],
     output:
-        json=OPTIONAL_ARTIFACTS["nn_proxy"],
-        figure=f"{RESULTS}/nn_proxy.png",
+        json=report(OPTIONAL_ARTIFACTS["nn_proxy"], caption="../report/nn_proxy.rst", category="nn_proxy"),
+        figure=report(f"{RESULTS}/nn_proxy.png", caption="../report/nn_proxy.rst", category="nn_proxy"),
         model=f"{RESULTS}/nn_proxy.pt",
     params:
         **stage_params("nn_proxy"),

@@ -25,29 +25,9 @@ import math
 
 import torch
 
-from isaac_net.core.diff.relax import _log_pos, _tiny
+from isaac_net.core.diff.relax import _log_pos, _tiny, smax1_vjp, smin1_vjp
 
 LN2 = math.log(2.0)
-
-
-def _smin1(x, tau, deriv: bool = True):
-    """``smin(x, 1)`` and (with ``deriv``) its derivative, else None."""
-    xc = torch.clamp(x, min=_tiny(x))
-    u = -torch.log(xc) / tau
-    val = torch.exp(-tau * torch.nn.functional.softplus(u))
-    if not deriv:
-        return val, None
-    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, 0.0)
-
-
-def _smax1(x, tau, deriv: bool = True):
-    """``smax(x, 1)`` and (with ``deriv``) its derivative, else None."""
-    xc = torch.clamp(x, min=_tiny(x))
-    u = torch.log(xc) / tau
-    val = torch.exp(tau * torch.nn.functional.softplus(u))
-    if not deriv:
-        return val, None
-    return val, torch.where(x > _tiny(x), val * torch.sigmoid(u) / xc, 0.0)
 
 
 def _flip_dims(t: torch.Tensor) -> torch.Tensor:
@@ -69,15 +49,15 @@ def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool =
     without ``deriv``; ``b`` before the gate) and ``served`` after it. ``gate``: ``[R, E]`` the
     latency floor's weight in this slot, or None (1)."""
     m = (w * (1.0 - c)).sum(0)
-    b, db = _smin1(m, tau, deriv)
+    b, db = smin1_vjp(m, tau, deriv=deriv)
     bg = b if gate is None else b * gate
-    N, dN = _smax1(bg.sum(0, keepdim=True), tau, deriv)
+    N, dN = smax1_vjp(bg.sum(0, keepdim=True), tau, deriv=deriv)
     sh = num_subbands / N
-    H, dH = _smax1(sh, tau, deriv)
+    H, dH = smax1_vjp(sh, tau, deriv=deriv)
     q = torch.log2(1.0 + snr_lin / H)
-    sv, dsv = _smin1(q / se_max, tau, deriv)
+    sv, dsv = smin1_vjp(q / se_max, tau, deriv=deriv)
     se = se_max * sv
-    s1, ds1 = _smin1(sh, tau, deriv)
+    s1, ds1 = smin1_vjp(sh, tau, deriv=deriv)
     rate = kappa * sh * se
     return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + (rate if gate is None else rate * gate)
 

@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 
 import torch
 
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff._l1_loop import LN2
-from isaac_net.core.diff.relax import EULER_GAMMA, _tiny
+from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
+from isaac_net.core.diff.relax import EULER_GAMMA, Temperature, smax1_vjp, smin1_vjp
+from isaac_net.core.kpi import Totals
 
 
 class _Consts:
@@ -45,9 +48,12 @@ class _Consts:
 
     def __init__(self, tau: float, tau_n: float, cfg: CellConfig, A: int, dtype: torch.dtype,
                  device: torch.device):
+        # tau, neg_tau, inv_tau, neg_inv_tau, tiny, zero: shared with the relaxations' value-derivative pairs
+        self.temp = Temperature.of(tau, dtype, device)
+        for name, value in self.temp._asdict().items():
+            setattr(self, name, value)
         values = dict(
-            zero=0.0, one=1.0, neg_inf=-math.inf, tiny=_tiny(torch.empty(0, dtype=dtype)), tau=tau,
-            inv_tau=1.0 / tau, neg_inv_tau=-1.0 / tau, neg_tau=-tau, inv_tau_n=1.0 / tau_n,
+            one=1.0, neg_inf=-math.inf, inv_tau_n=1.0 / tau_n,
             buffer_limit=cfg.buffer_msgs - 0.5, subbands=float(cfg.num_subbands), se_max=cfg.se_max,
             inv_se_max=1.0 / cfg.se_max, kappa=cfg.bytes_per_se_s, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
             step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2, gamma=EULER_GAMMA,
@@ -86,6 +92,11 @@ def _shift_younger(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(t[1:], (0, 0, 0, 0, 0, 1))
 
 
+def _to_robots(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``[A, E, R]`` -> an ``[E, R, A]`` view (None passes): the inverse of ``_to_ages``."""
+    return None if t is None else t.permute(1, 2, 0)
+
+
 def _to_ages(t: torch.Tensor) -> torch.Tensor:
     """``[E, R, A]`` -> ``[A, E, R]``, contiguous.
 
@@ -97,26 +108,60 @@ def _to_ages(t: torch.Tensor) -> torch.Tensor:
     return t.permute(2, 0, 1).contiguous()
 
 
-def _smin1(x, k: _Consts, positive: bool = False):
-    """``smin(x, 1) = exp(-tau softplus(-log(x) / tau))`` and its derivative (0 below ``tiny``,
-    where the clamp holds ``x``, as autograd of ``relax.smin_const``; ``positive``: ``x`` is known
-    to be far above ``tiny``, no clamp)."""
-    xc = x if positive else torch.clamp_min(x, k.tiny)
-    u = torch.log(xc).mul_(k.neg_inv_tau)
-    val = torch.nn.functional.softplus(u).mul_(k.neg_tau).exp_()
-    deriv = torch.sigmoid(u).mul_(val).div_(xc)
-    return val, deriv if positive else torch.where(x > k.tiny, deriv, k.zero)
+class _Tape(typing.NamedTuple):
+    """What ``_backward`` reads of one step of ``_forward``: the step's inputs but ``x``, ``w``, ``aoi``
+    and its intermediates, named as there (``[A, E, R]`` per message, ``[E, R]`` per robot, ``[E, 1]``
+    per cell)."""
+
+    send: torch.Tensor
+    msg_bytes: torch.Tensor
+    snr_lin: torch.Tensor
+    tx_w: torch.Tensor
+    keep: torch.Tensor
+    m: torch.Tensor
+    admit: torch.Tensor
+    w0: torch.Tensor
+    w1: torch.Tensor
+    busy: torch.Tensor
+    d_busy: torch.Tensor
+    sn: torch.Tensor
+    d_sn: torch.Tensor
+    share: torch.Tensor
+    ratio: torch.Tensor
+    sr: torch.Tensor
+    d_sr: torch.Tensor
+    alloc: torch.Tensor
+    n: torch.Tensor
+    gain: torch.Tensor
+    sa: torch.Tensor
+    d_sa: torch.Tensor
+    snr_g: torch.Tensor
+    se: torch.Tensor
+    d_v: torch.Tensor
+    rate: torch.Tensor
+    d_e: torch.Tensor
+    avail: torch.Tensor
+    served: torch.Tensor
+    served_c: torch.Tensor
+    cum: torch.Tensor
+    cum_c: torch.Tensor
+    c: torch.Tensor
+    ct: torch.Tensor
+    q: torch.Tensor
+    frac: torch.Tensor
+    finish_s: torch.Tensor
+    fin: torch.Tensor
+    s1: torch.Tensor
+    d_s1: torch.Tensor
+    tx_s: torch.Tensor
+    done: torch.Tensor
+    w2: torch.Tensor
+    none_yet: torch.Tensor
+    aoi_coef: torch.Tensor
+    rest: torch.Tensor
 
 
-def _smax1(x, k: _Consts):
-    """``smax(x, 1) = exp(tau softplus(log(x) / tau))`` and its derivative, as ``_smin1``."""
-    xc = torch.clamp_min(x, k.tiny)
-    u = torch.log(xc).mul_(k.inv_tau)
-    val = torch.nn.functional.softplus(u).mul_(k.tau).exp_()
-    return val, torch.where(x > k.tiny, torch.sigmoid(u).mul_(val).div_(xc), k.zero)
-
-
-def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts):
+def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> tuple[StepOut, _Tape]:
     """The step without a graph, on ``[A, E, R]`` ``x``, ``w``, ``keep`` (the rest ``[E, R]``):
     ``(outputs, saved)``, the outputs of ``model._step`` with ``x``, ``w`` ``[A, E, R]``."""
     # 1. Capture.
@@ -132,22 +177,22 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts):
     # 2. Service: one processor-sharing interval.
     cum = _rev_cumsum(x1)
     # busy = smin(sum_a w1, 1) and the was-empty gate's smin(m0, 1) in one pass
-    (busy, e), (d_busy, d_e) = _smin1(torch.stack([w1.sum(0), m0]), k)
+    (busy, e), (d_busy, d_e) = smin1_vjp(torch.stack([w1.sum(0), m0]), k.temp)
     n = busy.sum(-1, keepdim=True)
-    sn, d_sn = _smax1(n, k)
+    sn, d_sn = smax1_vjp(n, k.temp)
     share = k.subbands / sn
     ratio = share / m
-    sr, d_sr = _smin1(ratio, k, positive=True)  # share / m >= 1 / (smax(n, 1) m) > 0
+    sr, d_sr = smin1_vjp(ratio, k.temp, clamp=False)  # share / m >= 1 / (smax(n, 1) m) > 0
     alloc = m * sr
     gain = torch.special.digamma(n + k.one).add_(k.gamma)
     # smax(a, 1) = a / smin(a, 1) (alloc >= smin(share / m, 1) > 0, no clamp), and its derivative
     # (1 - a smin'(a, 1) / smin(a, 1)) / smin(a, 1)
-    s1, d_s1 = _smin1(alloc, k, positive=True)
+    s1, d_s1 = smin1_vjp(alloc, k.temp, clamp=False)
     sa = alloc / s1
     d_sa = (k.one - alloc * d_s1 / s1).div_(s1)
     snr_g = gain * snr_lin / sa
     y = torch.log2(snr_g + k.one)
-    v, d_v = _smin1(y * k.inv_se_max, k)
+    v, d_v = smin1_vjp(y * k.inv_se_max, k.temp)
     se = v * k.se_max
     # model._service_qa sets a rate of 0 to 1; at tau > 0 it is not 0: n >= R smin(0, 1) > 0 keeps
     # the PF gain, and so se, above 0 (in float32 the rate is >= ~1e-26 B/s)
@@ -187,163 +232,180 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts):
     w_next = _shift_older(kept)
     x_next = _shift_older(rest * keep)
     energy_j = tx_w * tx_s
-    outputs = (x_next, w_next, aoi_next, delivered, delay_sum, timeouts, overflow, energy_j, w_next.sum(0))
-    saved = (send, msg_bytes, snr_lin, tx_w, keep, m, admit, w0, w1, busy, d_busy, sn, d_sn, share, ratio, sr,
-             d_sr, alloc, n, gain, sa, d_sa, snr_g, se, d_v, rate, d_e, avail, served, served_c,
-             cum, cum_c, c, ct, q, frac, finish_s, fin, s1, d_s1, tx_s, done, w2, none_yet,
-             aoi_coef, rest)
-    return outputs, saved
+    outputs = StepOut(x=x_next, w=w_next, aoi=aoi_next, delivered=delivered, delay_sum=delay_sum,
+                      timeouts=timeouts, overflow=overflow, energy_j=energy_j, queued_msgs=w_next.sum(0))
+    return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
+                          admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
+                          ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
+                          snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
+                          served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
+                          finish_s=finish_s, fin=fin, s1=s1, d_s1=d_s1, tx_s=tx_s, done=done, w2=w2,
+                          none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
 
 
-def _backward(saved, grads, k: _Consts, needs: tuple):
-    """Adjoint of ``_forward`` (``[A, E, R]`` as there): gradients of ``(x, w, aoi, send, msg_bytes,
-    snr_lin, tx_w, keep, m)``."""
-    (send, msg_bytes, snr_lin, tx_w, keep, m, admit, w0, w1, busy, d_busy, sn, d_sn, share, ratio, sr, d_sr,
-     alloc, n, gain, sa, d_sa, snr_g, se, d_v, rate, d_e, avail, served, served_c, cum, cum_c,
-     c, ct, q, frac, finish_s, fin, s1, d_s1, tx_s, done, w2, none_yet, aoi_coef, rest) = saved
-    g_x_next, g_w_next, g_aoi_next, g_delivered, g_delay, g_timeouts, g_overflow, g_energy, g_queued = grads
+def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs:
+    """Adjoint of ``_forward`` (``[A, E, R]`` as there): the gradients of the step's inputs from those
+    of its outputs ``grads``; None where ``needs`` (bools) says an input needs none (``keep``, ``tx_w``,
+    ``snr_lin``, ``msg_bytes``, ``headroom``)."""
+    g_x_next, g_w_next, g_aoi_next, g_queued = grads.x, grads.w, grads.aoi, grads.queued_msgs
+    g_delivered, g_delay, g_timeouts = grads.delivered, grads.delay_sum, grads.timeouts
+    g_overflow, g_energy = grads.overflow, grads.energy_j
 
     # 3. Shift, ageing, timeouts: w_next = shift(w2 keep), x_next = shift(rest keep), queued = sum w_next,
     # timeouts = sum(w2 - w2 keep).
     g_kept = _shift_younger(g_w_next + g_queued).sub_(g_timeouts)
     g_xk = _shift_younger(g_x_next)
-    g_w2 = g_kept * keep + g_timeouts
-    g_keep = g_kept * w2 + g_xk * rest if needs[7] else None
-    g_rest = g_xk * keep
+    g_w2 = g_kept * s.keep + g_timeouts
+    g_keep = g_kept * s.w2 + g_xk * s.rest if needs.keep else None
+    g_rest = g_xk * s.keep
     # aoi_next = 1 + sum_{a<A-1} P_a + coef P_{A-1}, P = cumprod(f), f = 1 - done. The adjoint at
     # factor i is sum_{j >= i} G_j prod_{k <= j, k != i} f_k. A factor is exactly 0 when a whole
     # message is delivered, so no division by it: with P' the cumprod of f with its zeros set to 1
     # and Z_j the number of zeros among f_0..f_j, the product is P'_j / f_i where Z_j = 0, P'_j where
     # f_i is the one zero (Z_j = 1), and 0 otherwise.
     # On the CPU, where reading a flag is free, the common case without zeros takes P' = P, Z = 0.
-    g_aoi = g_aoi_next * none_yet[-1]
-    f = k.one - done
+    g_aoi = g_aoi_next * s.none_yet[-1]
+    f = k.one - s.done
     zero = f == k.zero
     if f.device.type == "cpu" and not bool(zero.any()):
-        gp = none_yet * g_aoi_next  # G_j P_j
-        gp[-1] *= aoi_coef
+        gp = s.none_yet * g_aoi_next  # G_j P_j
+        gp[-1] *= s.aoi_coef
         g_f = _rev_cumsum(gp).div_(f)
     else:
         f_safe = torch.where(zero, k.one, f)
         num_zeros = zero.cumsum(0)
         gp = torch.cumprod(f_safe, 0).mul_(g_aoi_next)  # G_j P'_j
-        gp[-1] *= aoi_coef
+        gp[-1] *= s.aoi_coef
         g_f = _rev_cumsum(torch.where(num_zeros == 0, gp, k.zero)).div_(f_safe)
         g_f += torch.where(zero, _rev_cumsum(torch.where(num_zeros == 1, gp, k.zero)), k.zero)
     # w2 = w1 - done; delay_sum = sum(done ages + w1 fin); delivered = sum(done); done = w1 c.
     g_done = (g_delay * k.ages).add_(g_delivered).sub_(g_w2).sub_(g_f)
-    g_w1 = (g_delay * fin).add_(g_w2).add_(g_done * c)
-    g_fin = g_delay * w1
-    g_c = g_done * w1
+    g_w1 = (g_delay * s.fin).add_(g_w2).add_(g_done * s.c)
+    g_fin = g_delay * s.w1
+    g_c = g_done * s.w1
     # energy = tx_w tx_s; tx_s = busy s1 frac_0 avail.
-    g_tx_w = g_energy * tx_s if needs[6] else None
-    g_tx = g_energy * tx_w
-    b_s1 = busy * s1
-    f_av = frac[0] * avail
-    g_busy = g_tx * s1 * f_av
-    g_alloc = g_tx * busy * f_av * d_s1
-    g_frac0 = g_tx * b_s1 * avail
-    g_avail = g_tx * b_s1 * frac[0]
+    g_tx_w = g_energy * s.tx_s if needs.tx_w else None
+    g_tx = g_energy * s.tx_w
+    b_s1 = s.busy * s.s1
+    f_av = s.frac[0] * s.avail
+    g_busy = g_tx * s.s1 * f_av
+    g_alloc = g_tx * s.busy * f_av * s.d_s1
+    g_frac0 = g_tx * b_s1 * s.avail
+    g_avail = g_tx * b_s1 * s.frac[0]
     # fin = c finish / T_step; finish = sr_s + frac avail.
-    g_c += g_fin * finish_s * k.inv_step_s
-    g_finish = g_fin * c * k.inv_step_s
+    g_c += g_fin * s.finish_s * k.inv_step_s
+    g_finish = g_fin * s.c * k.inv_step_s
     g_sr_s = g_finish.sum(0)
-    g_frac = g_finish * avail
+    g_frac = g_finish * s.avail
     g_frac[0] += g_frac0
-    g_avail += (g_finish * frac).sum(0)
+    g_avail += (g_finish * s.frac).sum(0)
     # rest_a = x_a - q_a + q_{a+1}
     g_x1 = g_rest
     g_q = -g_rest
     g_q[1:] += g_rest[:-1]
     # frac = exp(tau d), d = log_c - z = log(1 - c); q = cum c^tau; c = exp(log_c); log_c = logsigmoid(z).
-    g_d = g_frac * frac * k.tau
-    g_log_c = (g_q * q * k.tau).add_(g_d).add_(g_c * c)
-    g_cum = g_q * ct
+    g_d = g_frac * s.frac * k.tau
+    g_log_c = (g_q * s.q * k.tau).add_(g_d).add_(g_c * s.c)
+    g_cum = g_q * s.ct
     # d logsigmoid(z) / dz = 1 - c; where nothing is queued c = 1, where nothing is served g_log_c = 0
-    g_z = (k.one - c).mul_(g_log_c).sub_(g_d)
+    g_z = (k.one - s.c).mul_(g_log_c).sub_(g_d)
     # z = (log served - log cum) / tau
-    g_cum -= torch.where(cum > k.tiny, g_z * k.inv_tau / cum_c, k.zero)
-    g_served = torch.where(served > k.tiny, g_z.sum(0) * k.inv_tau / served_c, k.zero)
+    g_cum -= torch.where(s.cum > k.tiny, g_z * k.inv_tau / s.cum_c, k.zero)
+    g_served = torch.where(s.served > k.tiny, g_z.sum(0) * k.inv_tau / s.served_c, k.zero)
     g_x1 = g_x1 + g_cum.cumsum(0)  # cum_a = sum_{k >= a} x_k
     # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
-    g_avail += g_served * rate
-    g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(d_e)
+    g_avail += g_served * s.rate
+    g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
     # rate = alloc se kappa.
-    g_rate0 = g_served * avail * k.kappa
-    g_alloc += g_rate0 * se
-    g_se = g_rate0 * alloc
+    g_rate0 = g_served * s.avail * k.kappa
+    g_alloc += g_rate0 * s.se
+    g_se = g_rate0 * s.alloc
     # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, 1).
-    g_sg = g_se * d_v * k.inv_ln2 / (snr_g + k.one)
-    g_snr = g_sg * gain / sa if needs[5] else None
-    g_gain = g_sg * snr_lin / sa
-    g_alloc -= g_sg * snr_g / sa * d_sa
+    g_sg = g_se * s.d_v * k.inv_ln2 / (s.snr_g + k.one)
+    g_snr = g_sg * s.gain / s.sa if needs.snr_lin else None
+    g_gain = g_sg * s.snr_lin / s.sa
+    g_alloc -= g_sg * s.snr_g / s.sa * s.d_sa
     # alloc = m sr, sr = smin(ratio, 1), ratio = share / m; share = S / sn, sn = smax(n, 1); gain = H(n).
-    g_ratio = g_alloc * m * d_sr
-    g_m = g_alloc * sr - g_ratio * ratio / m if needs[8] else None
-    g_share = (g_ratio / m).sum(-1, keepdim=True)
-    g_n = (g_gain.sum(-1, keepdim=True) * torch.special.polygamma(1, n + k.one)
-           - g_share * share / sn * d_sn)
+    g_ratio = g_alloc * s.m * s.d_sr
+    g_m = g_alloc * s.sr - g_ratio * s.ratio / s.m if needs.headroom else None
+    g_share = (g_ratio / s.m).sum(-1, keepdim=True)
+    g_n = (g_gain.sum(-1, keepdim=True) * torch.special.polygamma(1, s.n + k.one)
+           - g_share * s.share / s.sn * s.d_sn)
     # n = sum_r busy; busy = smin(sum_a w1, 1).
-    g_w1 += (g_busy + g_n) * d_busy
+    g_w1 += (g_busy + g_n) * s.d_busy
     # Capture: w1 = w with w1_0 = w0, x1 = x with x1_0 = w0 B; overflow = send - w0; w0 = send admit.
-    g_w0 = g_w1[0] + g_x1[0] * msg_bytes - g_overflow
-    g_bytes = g_x1[0] * w0 if needs[4] else None
-    g_send = g_overflow + g_w0 * admit
-    g_m0 -= g_w0 * send * admit * (k.one - admit) * k.inv_tau_n
+    g_w0 = g_w1[0] + g_x1[0] * s.msg_bytes - g_overflow
+    g_bytes = g_x1[0] * s.w0 if needs.msg_bytes else None
+    g_send = g_overflow + g_w0 * s.admit
+    g_m0 -= g_w0 * s.send * s.admit * (k.one - s.admit) * k.inv_tau_n
     g_x = g_x1  # x_0 is overwritten by the capture
     g_x[0] = 0.0
     g_w = g_w1 + g_m0
     g_w[0] = g_m0
-    return g_x, g_w, g_aoi, g_send, g_bytes, g_snr, g_tx_w, g_keep, g_m
+    return StepArgs(x=g_x, w=g_w, aoi=g_aoi, send=g_send, msg_bytes=g_bytes, snr_lin=g_snr, tx_w=g_tx_w,
+                    keep=g_keep, headroom=g_m)
 
 
-def _rollout_forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, T: int, warmup: int,
-                     k: _Consts) -> tuple:
-    """``T`` steps of ``_forward`` from ``[A, E, R]`` ``x``, ``w``, ``keep``: ``(x_T, w_T, aoi_T,
-    queued_T, totals, tape)`` with the KPI totals over steps ``t >= warmup`` (``kpi.COUNT_KEYS``
-    order) and each step's saved values."""
+def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts) -> tuple[RolloutEnd, Totals, list]:
+    """``T`` steps of ``_forward`` from ``a`` (``[A, E, R]`` ``x``, ``w``, ``keep``; ``send`` ``[E, R]``
+    or ``[T, E, R]``): the state after them, the KPI totals over steps ``t >= warmup`` (``offered``
+    includes the mass queued at the start of step ``warmup``, as ``kpi.KpiAccumulator``) and each
+    step's ``_Tape``."""
     tape, totals = [], None
+    x, w, aoi = a.x, a.w, a.aoi
+    queued_start = w.sum(0) if warmup == 0 else None  # the queue at the start of step warmup
     for t in range(T):
-        send_t = send[t] if send.dim() == 3 else send
-        (x, w, aoi, *kpis, queued), saved = _forward(x, w, aoi, send_t, msg_bytes, snr_lin, tx_w, keep,
-                                                      headroom, k)
+        send_t = a.send[t] if a.send.dim() == 3 else a.send
+        out, saved = _forward(x, w, aoi, send_t, a.msg_bytes, a.snr_lin, a.tx_w, a.keep, a.headroom, k)
+        x, w, aoi = out.x, out.w, out.aoi
         tape.append(saved)
-        if t >= warmup:  # offered, delivered, delay_sum, timeouts, overflow, energy_j, aoi
-            step = (send_t, *kpis, aoi)
+        if t == warmup - 1:
+            queued_start = out.queued_msgs
+        if t >= warmup:
+            step = Totals(offered=send_t + queued_start if t == warmup else send_t, delivered=out.delivered,
+                          delay_sum=out.delay_sum, timeouts=out.timeouts, overflow=out.overflow, aoi=out.aoi,
+                          energy_j=out.energy_j)
             if totals is None:
-                totals = [v.clone() for v in step]
+                totals = Totals._make(v.clone() for v in step)
             else:
                 for total, v in zip(totals, step, strict=True):
                     total.add_(v)
-    return x, w, aoi, queued, totals, tape
+    return RolloutEnd(x, w, aoi, out.queued_msgs), totals, tape
 
 
-def _rollout_backward(tape, grads, send_shape, T: int, warmup: int, free: bool, k: _Consts,
-                      needs: tuple) -> tuple:
-    """``_backward`` over the steps in reverse: gradients of ``QARollout``'s inputs (``[A, E, R]``
-    ``x``, ``w``, ``keep``); ``free``: drop each step's saved values once used."""
-    (g_x, g_w, g_aoi, g_queued, g_offered, g_delivered, g_delay, g_timeouts, g_overflow, g_energy,
-     g_aoi_total) = grads
+def _rollout_backward(tape, g_end: RolloutEnd, g_tot: Totals, send_shape, T: int, warmup: int, free: bool,
+                      k: _Consts, needs: StepArgs) -> StepArgs:
+    """``_backward`` over the steps in reverse, from the gradients of ``_rollout_forward``'s state and
+    totals: those of its inputs ``a`` (``[A, E, R]`` ``x``, ``w``, ``keep``); ``free``: drop each step's
+    saved values once used."""
+    g_x, g_w, g_aoi = g_end.x, g_end.w, g_end.aoi
     zero = torch.zeros_like(g_aoi)
     g_send = g_aoi.new_empty(send_shape) if len(send_shape) == 3 else None
-    totals = [None] * 5  # msg_bytes, snr_lin, tx_w, keep, headroom
+    sums = [None] * 5  # the inputs that are the same at every step: msg_bytes, snr_lin, tx_w, keep, headroom
     for t in range(T - 1, -1, -1):
         counted = t >= warmup
-        kpi_grads = (g_delivered, g_delay, g_timeouts, g_overflow, g_energy) if counted else (zero,) * 5
-        step_grads = (g_x, g_w, g_aoi + g_aoi_total if counted else g_aoi, *kpi_grads,
-                      g_queued if t == T - 1 else zero)
-        g_x, g_w, g_aoi, g_send_t, *g_inputs = _backward(tape[t], step_grads, k, needs)
+        kpi = g_tot if counted else Totals._make([zero] * len(Totals._fields))
+        # offered holds the queue at the end of step warmup - 1 (the start of the window)
+        g_queued_t = g_end.queued_msgs if t == T - 1 else (g_tot.offered if t == warmup - 1 else zero)
+        step_grads = StepOut(x=g_x, w=g_w, aoi=g_aoi + g_tot.aoi if counted else g_aoi,
+                             delivered=kpi.delivered, delay_sum=kpi.delay_sum, timeouts=kpi.timeouts,
+                             overflow=kpi.overflow, energy_j=kpi.energy_j, queued_msgs=g_queued_t)
+        g = _backward(tape[t], step_grads, k, needs)
+        g_x, g_w, g_aoi = g.x, g.w, g.aoi
         if free:
             tape[t] = None
-        if counted:
-            g_send_t = g_send_t + g_offered
+        g_send_t = g.send + g_tot.offered if counted else g.send
         if len(send_shape) == 3:
             g_send[t] = g_send_t
         else:
             g_send = g_send_t if g_send is None else g_send.add_(g_send_t)
-        totals = [g if s is None else (s if g is None else s.add_(g))
-                  for s, g in zip(totals, g_inputs, strict=True)]
-    return g_x, g_w, g_aoi, g_send, *totals
+        sums = [v if s is None else (s if v is None else s.add_(v))
+                for s, v in zip(sums, (g.msg_bytes, g.snr_lin, g.tx_w, g.keep, g.headroom), strict=True)]
+    if warmup == 0:  # offered holds the starting queue, sum_a w_a
+        g_w = g_w + g_tot.offered
+    g_bytes, g_snr, g_tx_w, g_keep, g_m = sums
+    return StepArgs(x=g_x, w=g_w, aoi=g_aoi, send=g_send, msg_bytes=g_bytes, snr_lin=g_snr, tx_w=g_tx_w,
+                    keep=g_keep, headroom=g_m)
 
 
 def _plain(t):
@@ -354,49 +416,56 @@ def _plain(t):
 class QARollout(torch.autograd.Function):
     """``T`` QAD steps with constant inputs as one node: the rollout's KPI totals and final state.
 
-    ``(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom) -> (x_T, w_T, aoi_T,
-    queued_msgs_T, *totals)`` with ``send`` ``[E, R]`` (the same at every step) or ``[T, E, R]``,
-    and the totals over steps ``t >= warmup`` in ``kpi.COUNT_KEYS`` order: ``_forward`` and
+    ``(*StepArgs) -> (*RolloutEnd, *kpi.Totals)`` (:func:`~._outputs.split_rollout` names them) with
+    ``send`` ``[E, R]`` (the same at every step) or ``[T, E, R]``, and the totals over steps
+    ``t >= warmup``: ``_forward`` and
     ``_backward`` step after step, one node instead of ``T`` step nodes and the ``7 T`` additions
     of the KPI totals, which autograd would record and replay one by one (``qa_step``: ``T = 1``).
     Both walks run under ``torch.inference_mode`` (no version counters or view tracking: ~5 %
     less per op); what leaves the node is copied out of it. Keeps each step's ~45 intermediates
     (``[A, E, R]`` and smaller) for the backward, which frees them step by step unless the graph
-    is retained; once differentiable.
+    is retained; once differentiable. The caller's tensors that the tape holds are saved with
+    ``save_for_backward`` too, so that a backward after an in-place change of one raises, as autograd's.
     """
 
     @staticmethod
     def forward(ctx, x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, T: int, warmup: int,
                 tau: float, tau_n: float, cfg: CellConfig):
         ctx.k = k = _consts(tau, tau_n, cfg, x.shape[-1], x.dtype, x.device)
+        ctx.save_for_backward(send, msg_bytes, snr_lin, tx_w, keep, headroom)
         with torch.inference_mode():
-            x, w, aoi, queued, totals, ctx.tape = _rollout_forward(
-                _to_ages(x), _to_ages(w), aoi, send, msg_bytes, snr_lin, tx_w, _to_ages(keep), headroom, T,
-                warmup, k)
+            a = StepArgs(x=_to_ages(x), w=_to_ages(w), aoi=aoi, send=send, msg_bytes=msg_bytes,
+                         snr_lin=snr_lin, tx_w=tx_w, keep=_to_ages(keep), headroom=headroom)
+            end, totals, ctx.tape = _rollout_forward(a, T, warmup, k)
         ctx.T, ctx.warmup, ctx.send_shape = T, warmup, send.shape
-        return (_plain(x).permute(1, 2, 0), _plain(w).permute(1, 2, 0), *map(_plain, (aoi, queued, *totals)))
+        end = RolloutEnd._make(map(_plain, end))
+        return (*end._replace(x=_to_robots(end.x), w=_to_robots(end.w)), *map(_plain, totals))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_x, g_w, *grads):
+    def backward(ctx, *grads):
         if ctx.tape is None:
             raise RuntimeError("QARollout: backward through the rollout a second time; its saved values were "
                                "freed (call backward with retain_graph=True the first time)")
+        ctx.saved_tensors  # noqa: B018 (raises if the caller changed an input in place since the forward)
         tape, free = ctx.tape, not _keep_graph()
         if free:  # as autograd frees its saved tensors
             ctx.tape = None
+        g_end, g_tot = split_rollout(grads)
+        needs = StepArgs._make(ctx.needs_input_grad[:len(StepArgs._fields)])
         with torch.inference_mode():
-            g_x, g_w, g_aoi, g_send, g_bytes, g_snr, g_tx_w, g_keep, g_m = _rollout_backward(
-                tape, (_to_ages(g_x), _to_ages(g_w), *grads), ctx.send_shape, ctx.T, ctx.warmup, free, ctx.k,
-                ctx.needs_input_grad)
-        g_x, g_w, g_keep = (None if g is None else _plain(g).permute(1, 2, 0) for g in (g_x, g_w, g_keep))
-        return (g_x, g_w, *map(_plain, (g_aoi, g_send, g_bytes, g_snr, g_tx_w)), g_keep, _plain(g_m),
-                None, None, None, None, None)
+            g_end = g_end._replace(x=_to_ages(g_end.x), w=_to_ages(g_end.w))
+            g = _rollout_backward(tape, g_end, g_tot, ctx.send_shape, ctx.T, ctx.warmup, free, ctx.k, needs)
+        g = StepArgs._make(map(_plain, g))
+        g = g._replace(x=_to_robots(g.x), w=_to_robots(g.w), keep=_to_robots(g.keep))
+        return (*g, None, None, None, None, None)  # T, warmup, tau, tau_n, cfg
 
 
 def qa_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau: float, tau_n: float,
-            cfg: CellConfig) -> tuple:
+            cfg: CellConfig) -> StepOut:
     """One QAD step (``tau``, ``tau_n`` > 0) as ``QARollout`` of one step: ``model._step``'s outputs."""
-    x, w, aoi, queued, _, delivered, delay_sum, timeouts, overflow, energy_j, _ = QARollout.apply(
-        x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, 1, 0, tau, tau_n, cfg)
-    return x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, queued
+    end, tot = split_rollout(QARollout.apply(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, 1, 0,
+                                             tau, tau_n, cfg))
+    return StepOut(x=end.x, w=end.w, aoi=end.aoi, delivered=tot.delivered, delay_sum=tot.delay_sum,
+                   timeouts=tot.timeouts, overflow=tot.overflow, energy_j=tot.energy_j,
+                   queued_msgs=end.queued_msgs)

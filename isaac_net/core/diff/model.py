@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import typing
 
 import torch
@@ -21,6 +20,7 @@ from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import relax
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
+from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
 
 MODES = ("L1", "QA")
@@ -216,8 +216,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     """
     if inputs.temps != (tau, tau_n):
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
-    tensors = (state.x, state.w, state.aoi, send, inputs.msg_bytes, inputs.snr_lin, inputs.tx_w, inputs.keep,
-               inputs.headroom)
+    tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
+                       snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
     if compiled and tau > 0 and tau_n > 0:
         x = state.x
         out = _compiled_step(mode, slots)(*tensors, *_temperatures(tau, tau_n, x.dtype, x.device), cfg)
@@ -225,12 +225,11 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         out = qa_step(*tensors, tau, tau_n, cfg)
     else:
         out = _step(*tensors, tau, tau_n, cfg, mode, slots)
-    x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, queued_msgs = out
     # offered and aoi are inputs / outputs already: a compiled graph that returns an alias of
     # its input or one tensor twice pays for it at every call.
-    kpis = dict(offered=send, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts, overflow=overflow,
-                aoi=aoi, energy_j=energy_j, queued_msgs=queued_msgs)
-    return FluidState(x, w, aoi), kpis
+    kpis = dict(offered=send, delivered=out.delivered, delay_sum=out.delay_sum, timeouts=out.timeouts,
+                overflow=out.overflow, aoi=out.aoi, energy_j=out.energy_j, queued_msgs=out.queued_msgs)
+    return FluidState(out.x, out.w, out.aoi), kpis
 
 
 def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str) -> bool:
@@ -258,9 +257,8 @@ def _temperatures(tau: float, tau_n: float, dtype: torch.dtype, device: torch.de
 
 
 def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig, mode: str,
-          slots: str = "recompute"):
-    """The step on plain tensors (``StepInputs``' fields): ``(x, w, aoi, delivered, delay_sum,
-    timeouts, overflow, energy_j, queued_msgs)``."""
+          slots: str = "recompute") -> StepOut:
+    """The step on plain tensors (:class:`~._outputs.StepArgs`' fields): the next state and the KPIs."""
     A = x.shape[-1]
 
     # 1. Capture into the youngest slot; the buffer limit acts on the soft message count.
@@ -294,7 +292,8 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     w = torch.nn.functional.pad(kept[..., :-1], (1, 0))
     x = torch.nn.functional.pad((x * keep)[..., :-1], (1, 0))
     energy_j = tx_w * tx_s
-    return x, w, aoi, delivered, delay_sum, timeouts, overflow, energy_j, w.sum(-1)
+    return StepOut(x=x, w=w, aoi=aoi, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts,
+                   overflow=overflow, energy_j=energy_j, queued_msgs=w.sum(-1))
 
 
 class DiffFluid:
@@ -333,7 +332,7 @@ class DiffFluid:
         if not isinstance(self.cfg, CellConfig):
             raise TypeError(f"cfg: expected a CellConfig, got {type(self.cfg).__name__}")
         self.E, self.R, self.mode, self.dtype = E, R, mode, dtype
-        self.device = torch.device(device)
+        self.device = _validate.check_device(device)
         self.tau = tau
         self.tau_n = tau_n
         self.compile = bool(compile)
@@ -355,10 +354,7 @@ class DiffFluid:
 
     @tau.setter
     def tau(self, value: float) -> None:
-        value = float(value)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"tau: expected a finite temperature >= 0, got {value}")
-        self._tau = value
+        self._tau = _validate.temperature(value, "tau")
 
     @property
     def tau_n(self) -> float:
@@ -366,11 +362,7 @@ class DiffFluid:
 
     @tau_n.setter
     def tau_n(self, value: float | None) -> None:
-        if value is not None:
-            value = float(value)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"tau_n: expected a finite temperature >= 0 or None, got {value}")
-        self._tau_n = value
+        self._tau_n = _validate.temperature(value, "tau_n", allow_none=True)
 
     def reset(self, env_ids=None) -> None:
         """Re-initialise the envs ``env_ids`` (all when None: a fresh state with no history).
@@ -417,9 +409,7 @@ class DiffFluid:
         once per rollout.
         """
         E, R, dt, dev, cfg = self.E, self.R, self.dtype, self.device, self.cfg
-        msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
-        if bool((msg_bytes <= 0).any()):
-            raise ValueError("msg_bytes: expected sizes > 0 bytes")
+        msg_bytes = _validate.msg_bytes(msg_bytes, E, R, dt, dev)
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
         return StepInputs.build(msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode, tau=self.tau,
@@ -434,18 +424,18 @@ class DiffFluid:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
 
         :input send: ``[E, R]`` (every step) or ``[T, E, R]``, in [0, 1].
-        :output: ``(totals, last)``: the KPI totals over steps ``t >= warmup`` (``kpi.COUNT_KEYS``
-            order) and the last step's ``{"queued_msgs": [E, R]}``; the state advances by ``T`` steps.
+        :output: ``(totals, last)``: the KPI totals over steps ``t >= warmup`` (``kpi.Totals``)
+            and the last step's ``{"queued_msgs": [E, R]}``; the state advances by ``T`` steps.
         """
         if not self.fused_rollout:
             raise ValueError("advance_rollout: QAD only, with compile=False and tau, tau_n > 0")
         inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
         s = self.state
-        x, w, aoi, queued, *totals = QARollout.apply(s.x, s.w, s.aoi, send, inputs.msg_bytes, inputs.snr_lin,
-                                                     inputs.tx_w, inputs.keep, inputs.headroom, T, warmup,
-                                                     self.tau, self.tau_n, self.cfg)
-        self.state = FluidState(x, w, aoi)
-        return totals, {"queued_msgs": queued}
+        end, totals = split_rollout(QARollout.apply(s.x, s.w, s.aoi, send, inputs.msg_bytes, inputs.snr_lin,
+                                                    inputs.tx_w, inputs.keep, inputs.headroom, T, warmup,
+                                                    self.tau, self.tau_n, self.cfg))
+        self.state = FluidState(end.x, end.w, end.aoi)
+        return totals, {"queued_msgs": end.queued_msgs}
 
     def advance(self, send, inputs: StepInputs) -> dict:
         """``step`` on inputs from :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).

@@ -7,25 +7,37 @@ the message size and the SNR, so gradients reach transmit power and position thr
 :mod:`isaac_net.core.radio`.
 
 Its gradients are those of a regression fit: only as good as the training distribution
-(stationary Bernoulli sends, the level's default constants, one cell, ``RANGES``).
+(stationary Bernoulli sends, the level's constants, one cell of ``R`` robots, the sampling
+ranges). So a proxy remembers what it was fitted on (``Proxy.fitted_on``: level, ``R``,
+``T``, warm-up, the ``CellConfig`` as a dict; ``Proxy.ranges``) and its file stores it:
+``predict`` refuses another ``R`` or ``CellConfig`` (ValueError) and warns once when an input
+leaves the training ranges. The predicted delivery ratio is a sigmoid, in [0, 1] by construction.
 
 Recipe::
 
     data = collect("L2-legacy", num_cells=512, R=8, T=100, warmup=20, seed=0)
-    proxy, report = fit(data["x"], data["y"], seed=0)
+    proxy, report = fit(data, seed=0)          # collect's dict: x, y and what they came from
     kpi = proxy.predict(p, msg_bytes, snr_db)   # dict of [E, R], differentiable
     proxy.save("proxy.pt"); proxy = Proxy.load("proxy.pt")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
+import warnings
 
 import torch
 from torch import nn
 
 from isaac_net.core import _validate
+from isaac_net.core.config import CellConfig
 from isaac_net.core.diff.reference import discrete_rollout
+
+#: Tag and version of the file :meth:`Proxy.save` writes; :meth:`Proxy.load` refuses others.
+FORMAT = "isaac_net.proxy"
+FORMAT_VERSION = 2
 
 #: Sampling ranges of the per-robot inputs. ``p`` and ``snr_db`` uniform, ``msg_bytes``
 #: log-uniform.
@@ -43,6 +55,13 @@ INPUTS = ("p", "msg_bytes", "snr_db", "ctx_rate", "ctx_load_kb", "ctx_snr_db")
 #: Per-robot KPIs the proxy predicts (the keys of the engine's per-robot rollout result):
 #: delay (control steps), delivery ratio, mean AoI (control steps), energy per step (J).
 TARGETS = ("delay", "delivery", "aoi", "energy_j")
+
+#: Targets predicted through a sigmoid (within [0, 1] by construction); the others are affine
+#: in the network's output.
+PROB_TARGETS = ("delivery",)
+
+#: The keys of ``Proxy.fitted_on`` (None where unknown: a proxy fitted on raw tensors).
+FITTED_ON_KEYS = ("level", "R", "T", "warmup", "cfg")
 
 
 def context(p: torch.Tensor, msg_bytes: torch.Tensor, snr_db: torch.Tensor) -> torch.Tensor:
@@ -96,11 +115,22 @@ def collect(level: str, num_cells: int, R: int, T: int, *, warmup: int, seed: in
 
     :output: ``x`` ``[N, len(INPUTS)]`` raw inputs, ``y`` ``[N, len(TARGETS)]`` per-robot
         KPIs (``delay`` NaN where nothing was delivered), ``cell`` ``[N]`` cell index;
-        ``N = num_cells * R``.
+        ``N = num_cells * R``; ``meta``: what the samples come from (``FITTED_ON_KEYS`` and
+        ``ranges``), which :func:`fit` of this dict keeps in the proxy.
     """
-    _validate.check_dims(num_cells, R)
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    batch = num_cells if batch_cells is None else int(batch_cells)
+    for name, v in (("num_cells", num_cells), ("R", R)):
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if batch_cells is not None and not (isinstance(batch_cells, int) and not isinstance(batch_cells, bool)
+                                        and batch_cells >= 1):
+        raise ValueError(f"batch_cells: expected an integer >= 1 or None (all cells at once), "
+                         f"got {batch_cells!r}")
+    ranges = _resolved_ranges(RANGES if ranges is None else ranges)
+    cfg = CellConfig() if cfg is None else cfg
+    if not isinstance(cfg, CellConfig):
+        raise TypeError(f"cfg: expected a CellConfig, got {type(cfg).__name__}")
+    gen = torch.Generator(device="cpu").manual_seed(_validate.check_seed(seed))
+    batch = num_cells if batch_cells is None else batch_cells
     xs, ys = [], []
     starts = list(range(0, num_cells, batch))
     it = starts if progress is None else progress(starts)
@@ -116,7 +146,17 @@ def collect(level: str, num_cells: int, R: int, T: int, *, warmup: int, seed: in
         ys.append(torch.stack([res[k].detach().cpu() for k in TARGETS], dim=-1).reshape(n * R, -1))
     x, y = torch.cat(xs), torch.cat(ys)
     cell = torch.arange(num_cells).repeat_interleave(R)
-    return {"x": x, "y": y, "cell": cell}
+    meta = {"level": level, "R": R, "T": T, "warmup": warmup, "cfg": dataclasses.asdict(cfg),
+            "ranges": ranges}
+    return {"x": x, "y": y, "cell": cell, "meta": meta}
+
+
+def _resolved_ranges(ranges: dict) -> dict:
+    """Checked ranges as ``{name: (low, high)}`` of floats."""
+    if not isinstance(ranges, dict):
+        raise TypeError(f"ranges: expected a dict with keys {list(RANGES)}, got {type(ranges).__name__}")
+    _check_ranges(ranges)
+    return {k: (float(ranges[k][0]), float(ranges[k][1])) for k in RANGES}
 
 
 def _check_ranges(ranges: dict) -> None:
@@ -124,9 +164,12 @@ def _check_ranges(ranges: dict) -> None:
     if missing:
         raise ValueError(f"ranges: expected keys {list(RANGES)}, missing {missing}")
     for k in RANGES:
-        lo, hi = ranges[k]
-        if not lo < hi:
-            raise ValueError(f"ranges[{k!r}]: expected low < high, got {ranges[k]}")
+        try:
+            lo, hi = (float(v) for v in ranges[k])
+        except (TypeError, ValueError):
+            raise ValueError(f"ranges[{k!r}]: expected (low, high) numbers, got {ranges[k]!r}") from None
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ValueError(f"ranges[{k!r}]: expected finite low <= high, got {ranges[k]}")
     if not (0.0 <= ranges["p"][0] and ranges["p"][1] <= 1.0):
         raise ValueError(f"ranges['p']: expected probabilities in [0, 1], got {ranges['p']}")
     if ranges["msg_bytes"][0] <= 0:
@@ -134,16 +177,28 @@ def _check_ranges(ranges: dict) -> None:
 
 
 class Proxy(nn.Module):
-    """MLP from standardised features to standardised per-robot KPIs.
+    """MLP from standardised features to per-robot KPIs.
 
     :param hidden: widths of the hidden layers (SiLU, smooth so that gradients are).
-    Normalisation constants are buffers, so ``state_dict`` carries everything.
+    :param ranges: the training ranges of ``p, msg_bytes, snr_db`` (default ``RANGES``);
+        ``predict`` warns once when an input leaves them.
+    :param fitted_on: what the samples came from (``FITTED_ON_KEYS``; missing keys None).
+    The delivery head is a sigmoid (``PROB_TARGETS``), the other heads affine in the
+    network's output. Normalisation constants are buffers, so ``state_dict`` carries the weights.
     """
 
-    def __init__(self, hidden=(64, 64), ranges: dict | None = None):
+    def __init__(self, hidden=(64, 64), ranges: dict | None = None, fitted_on: dict | None = None):
         super().__init__()
-        self.hidden = tuple(int(h) for h in hidden)
-        self.ranges = {k: tuple(float(v) for v in (RANGES if ranges is None else ranges)[k]) for k in RANGES}
+        try:
+            self.hidden = tuple(int(h) for h in hidden)
+        except (TypeError, ValueError):
+            raise ValueError(f"hidden: expected a sequence of layer widths >= 1, got {hidden!r}") from None
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden: expected layer widths >= 1, got {hidden!r}")
+        self.ranges = _resolved_ranges(RANGES if ranges is None else ranges)
+        fitted_on = {} if fitted_on is None else dict(fitted_on)
+        self.fitted_on = {k: fitted_on.get(k) for k in FITTED_ON_KEYS}
+        self._warned_ranges = False
         layers, width = [], len(INPUTS)
         for h in self.hidden:
             layers += [nn.Linear(width, h), nn.SiLU()]
@@ -154,19 +209,30 @@ class Proxy(nn.Module):
         self.register_buffer("x_std", torch.ones(len(INPUTS)))
         self.register_buffer("y_mean", torch.zeros(len(TARGETS)))
         self.register_buffer("y_std", torch.ones(len(TARGETS)))
+        self.register_buffer("is_prob", torch.tensor([k in PROB_TARGETS for k in TARGETS]), persistent=False)
+
+    def _decode(self, h: torch.Tensor) -> torch.Tensor:
+        """Network outputs ``[..., len(TARGETS)]`` to KPIs: the affine heads ``h y_std + y_mean``, the
+        sigmoid heads ``sigmoid(logit(m) + h y_std / (m (1 - m)))``, ``m = y_mean``: in [0, 1], and
+        equal to the affine head to first order at ``h = 0`` (so both train alike)."""
+        m = self.y_mean.clamp(1e-3, 1.0 - 1e-3)
+        prob = torch.sigmoid(torch.logit(m) + h * (self.y_std / (m * (1.0 - m))))
+        return torch.where(self.is_prob, prob, h * self.y_std + self.y_mean)
 
     def forward(self, raw: torch.Tensor) -> torch.Tensor:
         """:input raw: ``[..., len(INPUTS)]`` raw inputs. :output: ``[..., len(TARGETS)]`` KPIs."""
         z = (_features(raw.to(self.x_mean.dtype)) - self.x_mean) / self.x_std
-        return self.net(z) * self.y_std + self.y_mean
+        return self._decode(self.net(z))
 
-    def predict(self, p, msg_bytes, snr_db) -> dict:
+    def predict(self, p, msg_bytes, snr_db, *, cfg: CellConfig | None = None) -> dict:
         """Per-robot KPIs of a cell configuration, differentiable in every input.
 
         :input p: ``[E, R]`` send probability; :input msg_bytes: ``[E, R]`` bytes;
         :input snr_db: ``[E, R]`` dB (e.g. :func:`isaac_net.core.radio.snr_db` of positions
             and transmit power).
-        :output: dict ``TARGETS`` -> ``[E, R]``.
+        :param cfg: the cell the prediction is for; a ValueError if the proxy was fitted on
+            another (None: not checked). ``R`` must be the proxy's (when known).
+        :output: dict ``TARGETS`` -> ``[E, R]``; ``delivery`` in [0, 1].
         """
         tensors = [t for t in (p, msg_bytes, snr_db) if isinstance(t, torch.Tensor)]
         if not tensors:
@@ -179,53 +245,159 @@ class Proxy(nn.Module):
             raise ValueError("p, msg_bytes, snr_db: expected [E, R] inputs, got shapes "
                              f"{[list(t.shape) for t in tensors]}")
         E, R = shape
+        self.check_fitted_on(R=R, cfg=cfg, what="predict")
         dt, dev = self.x_mean.dtype, self.x_mean.device
         p = _validate.per_robot(p, "p", E, R, dt, dev)
-        msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
+        msg_bytes = _validate.msg_bytes(msg_bytes, E, R, dt, dev)
         snr_db = _validate.per_robot(snr_db, "snr_db", E, R, dt, dev)
         _validate.check_range(p, "p", 0.0, 1.0, "probabilities in [0, 1]")
-        if bool((msg_bytes <= 0).any()):
-            raise ValueError("msg_bytes: expected sizes > 0 bytes")
+        self._warn_outside_ranges({"p": p, "msg_bytes": msg_bytes, "snr_db": snr_db})
         out = self(context(p, msg_bytes, snr_db))
         return {k: out[..., i] for i, k in enumerate(TARGETS)}
 
+    def check_fitted_on(self, *, level: str | None = None, R: int | None = None, cfg=None,
+                        what: str = "proxy") -> None:
+        """ValueError if ``level``, ``R`` or ``cfg`` (a CellConfig or its dict; None: not checked)
+        differ from what the proxy was fitted on (where that is known)."""
+        on = self.fitted_on
+        if level is not None and on["level"] is not None and level != on["level"]:
+            raise ValueError(f"level: the proxy was fitted on level {on['level']!r}, got {level!r}")
+        if R is not None and on["R"] is not None and int(R) != on["R"]:
+            raise ValueError(f"R: the proxy was fitted on cells of R={on['R']} robots, {what} got R={R}")
+        if cfg is not None and on["cfg"] is not None:
+            got = dataclasses.asdict(cfg) if isinstance(cfg, CellConfig) else dict(cfg)
+            diff = sorted(k for k in set(got) | set(on["cfg"]) if got.get(k) != on["cfg"].get(k))
+            if diff:
+                raise ValueError(f"cfg: the proxy was fitted on another CellConfig (differs in {diff})")
+
+    def _warn_outside_ranges(self, inputs: dict) -> None:
+        if self._warned_ranges:
+            return
+        for k, v in inputs.items():
+            lo, hi = self.ranges[k]
+            if bool(((v < lo) | (v > hi)).any()):
+                self._warned_ranges = True
+                warnings.warn(f"{k}: values in [{v.min().item():g}, {v.max().item():g}] leave the proxy's "
+                              f"training range [{lo:g}, {hi:g}]; its predictions there are extrapolations "
+                              "(warned once per proxy)", stacklevel=3)
+                return
+
     def save(self, path) -> None:
-        """Write the weights and the architecture to ``path`` (``torch.save``)."""
-        torch.save({"hidden": list(self.hidden), "ranges": {k: list(v) for k, v in self.ranges.items()},
-                    "inputs": list(INPUTS), "targets": list(TARGETS),
+        """Write the weights, the architecture and what the proxy was fitted on to ``path``."""
+        torch.save({"format": FORMAT, "version": FORMAT_VERSION, "hidden": list(self.hidden),
+                    "ranges": {k: list(v) for k, v in self.ranges.items()}, "fitted_on": dict(self.fitted_on),
+                    "inputs": list(INPUTS), "targets": list(TARGETS), "prob_targets": list(PROB_TARGETS),
                     "dtype": str(self.x_mean.dtype).removeprefix("torch."),
                     "state_dict": self.state_dict()}, path)
 
     @classmethod
-    def load(cls, path, map_location="cpu") -> "Proxy":
-        """Rebuild a proxy written by :meth:`save`."""
-        blob = torch.load(path, map_location=map_location, weights_only=True)
-        if blob.get("inputs") != list(INPUTS) or blob.get("targets") != list(TARGETS):
+    def load(cls, path, map_location="cpu", *, level: str | None = None, R: int | None = None,
+             cfg=None) -> "Proxy":
+        """Rebuild a proxy written by :meth:`save` (``weights_only`` loading: no code runs).
+
+        :param level, R, cfg: what the caller will use it for; a ValueError when the proxy was
+            fitted on something else (None: not checked).
+        A file that is not a proxy of this format (truncated, empty, foreign, an older format,
+        weights that do not match the stored architecture) is a ValueError naming the file.
+        """
+        try:
+            blob = torch.load(path, map_location=map_location, weights_only=True)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise
+        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: not a readable proxy file (empty, truncated, or not written by "
+                             f"Proxy.save: {type(e).__name__})") from None
+        if not isinstance(blob, dict):
+            raise ValueError(f"{path}: expected a dict written by Proxy.save, got a {type(blob).__name__}")
+        if blob.get("format") != FORMAT:
+            raise ValueError(f"{path}: no proxy format tag {FORMAT!r} (a foreign file, or one from before "
+                             "format version 2: refit and save it again)")
+        if blob.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: proxy format version {blob.get('version')!r}, "
+                             f"expected {FORMAT_VERSION}")
+        if (blob.get("inputs") != list(INPUTS) or blob.get("targets") != list(TARGETS)
+                or blob.get("prob_targets") != list(PROB_TARGETS)):
             raise ValueError(f"{path}: expected a proxy with inputs {list(INPUTS)} and targets "
                              f"{list(TARGETS)}, got {blob.get('inputs')} and {blob.get('targets')}")
-        proxy = cls(hidden=blob["hidden"], ranges=blob["ranges"]).to(getattr(torch, blob["dtype"]))
-        proxy.load_state_dict(blob["state_dict"])
+        missing = [k for k in ("hidden", "ranges", "fitted_on", "dtype", "state_dict") if k not in blob]
+        if missing:
+            raise ValueError(f"{path}: a proxy file without {missing}")
+        if blob["dtype"] not in ("float32", "float64"):
+            raise ValueError(f"{path}: expected dtype float32 or float64, got {blob['dtype']!r}")
+        try:
+            proxy = cls(hidden=blob["hidden"], ranges=blob["ranges"], fitted_on=blob["fitted_on"])
+            proxy = proxy.to(getattr(torch, blob["dtype"]))
+            proxy.load_state_dict(blob["state_dict"])
+        except (ValueError, TypeError, RuntimeError, KeyError) as e:
+            reason = str(e).splitlines()[0][:200]
+            raise ValueError(f"{path}: the stored weights do not fit the stored architecture "
+                             f"(hidden={blob['hidden']}): {type(e).__name__}: {reason}") from None
+        proxy.check_fitted_on(level=level, R=R, cfg=cfg, what="load")
         return proxy.eval()
 
 
-def fit(x: torch.Tensor, y: torch.Tensor, *, hidden=(64, 64), epochs: int = 300, lr: float = 3e-3,
+def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300, lr: float = 3e-3,
         batch_size: int = 512, weight_decay: float = 0.0, seed: int = 0, ranges: dict | None = None,
-        dtype: torch.dtype = torch.float32, progress=None) -> tuple[Proxy, dict]:
+        fitted_on: dict | None = None, dtype: torch.dtype = torch.float32,
+        progress=None) -> tuple[Proxy, dict]:
     """Fit a :class:`Proxy` to samples by Adam on the standardised squared error.
 
-    NaN targets (a robot that delivered nothing has no delay) are left out of the loss.
-    The learning rate follows a cosine schedule to ``lr / 20``.
+    NaN targets (a robot that delivered nothing has no delay) are left out of the loss;
+    the inputs must be finite. The learning rate follows a cosine schedule to ``lr / 20``.
 
-    :input x: ``[N, len(INPUTS)]`` raw inputs; :input y: ``[N, len(TARGETS)]``.
+    :input x: :func:`collect`'s dict (then ``y`` is None: its ``x``, ``y`` and ``meta``), or
+        ``[N, len(INPUTS)]`` raw inputs with :input y: ``[N, len(TARGETS)]``.
+    :param ranges: the training ranges the proxy keeps: default the ``meta``'s of a
+        :func:`collect` dict, else the inputs' own extent (never silently ``RANGES``).
+    :param fitted_on: level, ``R``, ``T``, warm-up and ``cfg`` of the samples (``FITTED_ON_KEYS``);
+        default the ``meta``'s of a :func:`collect` dict, else unknown (not checked at predict).
     :output: the proxy (eval mode) and ``{"loss": final training loss}``.
     """
+    meta = {}
+    if isinstance(x, dict):
+        if y is not None:
+            raise ValueError("y: expected None when x is collect()'s dict (its 'y' is used)")
+        meta = x.get("meta") or {}
+        x, y = x["x"], x["y"]
+    for name, t in (("x", x), ("y", y)):
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+            raise TypeError(f"{name}: expected a floating-point tensor, got "
+                            f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
     if x.ndim != 2 or x.shape[-1] != len(INPUTS):
         raise ValueError(f"x: expected [N, {len(INPUTS)}] raw inputs, got {list(x.shape)}")
     if y.ndim != 2 or y.shape != (x.shape[0], len(TARGETS)):
         raise ValueError(f"y: expected [{x.shape[0]}, {len(TARGETS)}] KPIs, got {list(y.shape)}")
-    torch.manual_seed(int(seed))
+    if x.shape[0] < 2:
+        raise ValueError(f"x: expected at least 2 samples to standardise, got {x.shape[0]}")
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).any(-1).sum())
+        raise ValueError(f"x: expected finite raw inputs, got NaN or inf in {bad} samples")
+    if bool((x[:, 1] <= 0).any()) or bool(((x[:, 0] < 0) | (x[:, 0] > 1)).any()):
+        raise ValueError("x: expected p in [0, 1] and msg_bytes > 0 in the first two columns (INPUTS)")
+    if bool(torch.isinf(y).any()):
+        raise ValueError("y: expected finite KPIs or NaN (missing), got inf")
+    empty = [k for i, k in enumerate(TARGETS) if not bool(torch.isfinite(y[:, i]).any())]
+    if empty:
+        raise ValueError(f"y: expected some finite values of every target, got none for {empty}")
+    for name, v in (("epochs", epochs), ("batch_size", batch_size)):
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    for name, v, lo_ok in (("lr", lr, False), ("weight_decay", weight_decay, True)):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (v >= 0 if lo_ok else v > 0)):
+            raise ValueError(f"{name}: expected a finite number {'>= 0' if lo_ok else '> 0'}, got {v!r}")
+    if ranges is None:
+        ranges = meta.get("ranges")
+    elif meta.get("ranges") is not None and _resolved_ranges(ranges) != _resolved_ranges(meta["ranges"]):
+        raise ValueError(f"ranges: {ranges} differ from the ranges the samples were collected over, "
+                         f"{meta['ranges']}")
+    if ranges is None:  # the inputs' own extent
+        ranges = {k: (float(x[:, i].min()), float(x[:, i].max())) for i, k in enumerate(RANGES)}
+    if fitted_on is None:
+        fitted_on = {k: meta.get(k) for k in FITTED_ON_KEYS}
+    torch.manual_seed(_validate.check_seed(seed))
     gen = torch.Generator().manual_seed(int(seed))
-    proxy = Proxy(hidden, ranges).to(dtype)
+    proxy = Proxy(hidden, ranges, fitted_on).to(dtype)
     x, y = x.to(dtype), y.to(dtype)
     f = _features(x)
     finite = torch.isfinite(y)
@@ -239,9 +411,8 @@ def fit(x: torch.Tensor, y: torch.Tensor, *, hidden=(64, 64), epochs: int = 300,
     proxy.y_mean.copy_(y_mean)
     proxy.y_std.copy_(y_std)
     z = (f - proxy.x_mean) / proxy.x_std
-    t = (y0 - y_mean) / y_std
     opt = torch.optim.Adam(proxy.net.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1), eta_min=lr / 20)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr / 20)
     N = x.shape[0]
     epochs_it = range(epochs) if progress is None else progress(range(epochs))
     loss_val = float("nan")
@@ -252,7 +423,10 @@ def fit(x: torch.Tensor, y: torch.Tensor, *, hidden=(64, 64), epochs: int = 300,
         for i in range(0, N, batch_size):
             idx = perm[i:i + batch_size]
             m = finite[idx]
-            err = torch.where(m, proxy.net(z[idx]) - t[idx], torch.zeros_like(t[idx]))
+            # the error of the decoded KPIs in units of their spread (an affine head: its plain
+            # standardised error)
+            err = torch.where(m, (proxy._decode(proxy.net(z[idx])) - y0[idx]) / proxy.y_std,
+                              torch.zeros_like(y0[idx]))
             loss = (err ** 2).sum() / m.sum().clamp(min=1)
             opt.zero_grad()
             loss.backward()
@@ -286,4 +460,5 @@ def evaluate(proxy: Proxy, x: torch.Tensor, y: torch.Tensor) -> dict:
     return out
 
 
-__all__ = ["INPUTS", "RANGES", "TARGETS", "Proxy", "collect", "context", "evaluate", "fit", "sample_inputs"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "INPUTS", "PROB_TARGETS", "RANGES", "TARGETS", "Proxy",
+           "collect", "context", "evaluate", "fit", "sample_inputs"]

@@ -15,6 +15,7 @@ tensor ``tau > 0``, as in the compiled step).
 from __future__ import annotations
 
 import math
+import typing
 
 import torch
 
@@ -39,24 +40,86 @@ def _log_pos(x: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.clamp(x, min=_tiny(x)))
 
 
+class Temperature(typing.NamedTuple):
+    """A temperature ``tau > 0`` and what the relaxations derive from it, as 0-dim tensors of the
+    state's dtype and device, for a hand-written node that calls :func:`smin1_vjp` and
+    :func:`smax1_vjp` many times per step: an op with a Python number wraps and converts it at
+    every call (~2 us each on small tensors). The relaxations then scale by ``inv_tau`` where
+    they divide by a plain ``tau`` (equal to rounding)."""
+
+    tau: torch.Tensor
+    neg_tau: torch.Tensor
+    inv_tau: torch.Tensor
+    neg_inv_tau: torch.Tensor
+    tiny: torch.Tensor  # the clamp of the logs, as _tiny
+    zero: torch.Tensor
+
+    @classmethod
+    def of(cls, tau: float, dtype: torch.dtype, device) -> "Temperature":
+        values = (tau, -tau, 1.0 / tau, -1.0 / tau, _tiny(torch.empty(0, dtype=dtype)), 0.0)
+        return cls(*(torch.tensor(v, dtype=dtype, device=device) for v in values))
+
+
+def _pow1_vjp(x: torch.Tensor, tau, sign: float, deriv: bool, clamp: bool):
+    """``exp(sign tau softplus(sign log(x) / tau))`` (``smin(x, 1)`` at ``sign = -1``, ``smax(x, 1)``
+    at ``+1``) and, with ``deriv``, its derivative ``val sigmoid(u) / x`` (0 below ``tiny``, where
+    the clamp holds ``x``, as autograd gives; without ``clamp``, ``x`` must be far above ``tiny``)."""
+    is_temp = isinstance(tau, Temperature)
+    tiny, zero = (tau.tiny, tau.zero) if is_temp else (_tiny(x), 0.0)
+    xc = torch.clamp_min(x, tiny) if clamp else x
+    # In place on fresh tensors: log and softplus keep their inputs for autograd, not their outputs.
+    if is_temp:
+        u = torch.log(xc).mul_(tau.neg_inv_tau if sign < 0 else tau.inv_tau)
+        val = torch.nn.functional.softplus(u).mul_(tau.neg_tau if sign < 0 else tau.tau).exp_()
+    else:
+        u = torch.log(xc).div_(-tau if sign < 0 else tau)
+        val = torch.nn.functional.softplus(u).mul_(-tau if sign < 0 else tau).exp_()
+    if not deriv:
+        return val, None
+    d = torch.sigmoid(u).mul_(val).div_(xc)
+    return val, torch.where(x > tiny, d, zero) if clamp else d
+
+
+def smin1_vjp(x: torch.Tensor, tau, *, deriv: bool = True, clamp: bool = True):
+    r"""``smin(x, 1)`` and its derivative: the value and adjoint pair of the hand-written nodes.
+
+    .. math::
+        \mathrm{smin}_\tau(x, 1) = \exp\bigl(-\tau\,\mathrm{softplus}(-\log x / \tau)\bigr),\quad
+        \frac{d}{dx} = \mathrm{smin}_\tau(x, 1)\,\sigma(-\log x / \tau) / x
+
+    :input x: ``[...]`` >= 0. :param tau: > 0, a float, a 0-dim tensor or a :class:`Temperature`.
+    :param deriv: also the derivative (else None). :param clamp: clamp ``x`` at the dtype's tiny
+        before the log (without: ``x`` is known to be far above it).
+    :output: ``(value, derivative)``, each ``[...]``. :func:`smin_const` at ``b = 1`` is its value.
+    """
+    return _pow1_vjp(x, tau, -1.0, deriv, clamp)
+
+
+def smax1_vjp(x: torch.Tensor, tau, *, deriv: bool = True, clamp: bool = True):
+    """``smax(x, 1) = exp(tau softplus(log x / tau))`` and its derivative
+    ``smax(x, 1) sigmoid(log x / tau) / x``, as :func:`smin1_vjp`."""
+    return _pow1_vjp(x, tau, 1.0, deriv, clamp)
+
+
 def smin_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
     """``smin(a, b)`` for a constant ``b > 0`` and ``tau > 0`` (float or 0-dim tensor).
 
     Written as ``b smin(a / b, 1) = b exp(-tau softplus((log b - log a) / tau))``: one
-    softplus instead of a logaddexp of two tensors (and no ``log b``, ``b *`` at ``b = 1``).
+    softplus instead of a logaddexp of two tensors (and no ``log b``, ``b *`` at ``b = 1``,
+    where it is :func:`smin1_vjp`'s value).
     """
     if b == 1.0:
-        return torch.exp(-tau * torch.nn.functional.softplus(_log_pos(a) / -tau))
+        return smin1_vjp(a, tau, deriv=False)[0]
     return b * torch.exp(-tau * torch.nn.functional.softplus((math.log(b) - _log_pos(a)) / tau))
 
 
 def smax_const(a: torch.Tensor, b: float, tau) -> torch.Tensor:
     """``smax(a, b)`` for a constant ``b > 0`` and ``tau > 0``.
 
-    ``b exp(tau softplus((log a - log b) / tau))``.
+    ``b exp(tau softplus((log a - log b) / tau))`` (at ``b = 1`` :func:`smax1_vjp`'s value).
     """
     if b == 1.0:
-        return torch.exp(tau * torch.nn.functional.softplus(_log_pos(a) / tau))
+        return smax1_vjp(a, tau, deriv=False)[0]
     return b * torch.exp(tau * torch.nn.functional.softplus((_log_pos(a) - math.log(b)) / tau))
 
 
@@ -102,7 +165,7 @@ def smax(a: torch.Tensor, b: torch.Tensor | float, tau: float) -> torch.Tensor:
 def soft_ge(served: torch.Tensor, cum: torch.Tensor, tau: float) -> torch.Tensor:
     r"""Completion indicator ``1[served >= cum]`` as a sigmoid of the log ratio (relative).
 
-    .. math:: c_\\tau(S, c) = \\sigma\\bigl((\\log S - \\log c) / \\tau\\bigr)
+    .. math:: c_\tau(S, c) = \sigma\bigl((\log S - \log c) / \tau\bigr)
 
     ``cum <= 0`` (nothing to serve) gives 1 and ``served <= 0 < cum`` gives 0 at every tau.
     Limit ``tau -> 0``: ``1[S >= c]``.
@@ -173,13 +236,6 @@ def step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.sigmoid(z / tau)
 
 
-def log_step_add(z: torch.Tensor, tau: float) -> torch.Tensor:
-    """``log step_add(z, tau)``, stable for very negative ``z`` (``-inf`` at tau = 0, z <= 0)."""
-    if is_hard(tau):
-        return torch.where(z > 0, torch.zeros_like(z), torch.full_like(z, -math.inf))
-    return torch.nn.functional.logsigmoid(z / tau)
-
-
 def survival(deadline: torch.Tensor, num_ages: int, tau: float) -> torch.Tensor:
     """Per-step survival factor of a message at each age (additive, control steps).
 
@@ -207,7 +263,7 @@ def survival(deadline: torch.Tensor, num_ages: int, tau: float) -> torch.Tensor:
 def soft_floor(y: torch.Tensor, n_max: int, tau: float) -> torch.Tensor:
     r"""``min(floor(y), n_max)`` for ``y >= 0`` as a sum of sigmoid steps at the integers (additive).
 
-    .. math:: \\lfloor y \\rfloor_\\tau = \\sum_{j=1}^{n_{max}} \\sigma((y - j)/\\tau)
+    .. math:: \lfloor y \rfloor_\tau = \sum_{j=1}^{n_{max}} \sigma((y - j)/\tau)
 
     Limit ``tau -> 0``: ``sum_j 1[y >= j]``, the floor capped at ``n_max``.
     """
@@ -250,10 +306,22 @@ def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
 def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
     r"""Binary-concrete sample from fixed uniforms ``u`` (pathwise gradient in ``p``).
 
-    .. math:: s = \\sigma\\bigl((\\mathrm{logit}\\,p - \\mathrm{logit}\\,u) / \\lambda\\bigr)
+    .. math:: s = \sigma\bigl((\mathrm{logit}\,p - \mathrm{logit}\,u) / \lambda\bigr)
 
     Limit ``lam -> 0``: ``1[u < p]``, the binary send from the same uniforms.
+
+    :input p: probabilities in [0, 1]; :input u: uniforms in [0, 1]; :param lam: finite, >= 0.
+        Outside these a ValueError (a p of 1.5 is not clamped, a lam < 0 would invert the sends).
     """
+    from isaac_net.core import _validate
+
+    lam = _validate.temperature(lam, "lam")
+    for name, x in (("p", p), ("u", u)):
+        if not isinstance(x, torch.Tensor) or x.is_complex():
+            raise TypeError(f"{name}: expected a real tensor, got {type(x).__name__}")
+        _validate.check_range(x, name, 0.0, 1.0, "values in [0, 1]")
+        if bool(torch.isnan(x).any()):
+            raise ValueError(f"{name}: expected values in [0, 1], got NaN")
     if lam == 0:
         return (u < p).to(p.dtype)
     eps = 1e-12 if p.dtype == torch.float64 else 1e-6

@@ -24,11 +24,19 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     :param sends: ``"mean_field"`` (the send weight is ``p``), ``"relaxed"``
         (``relaxed_bernoulli(p, u_t, lam)``, pathwise gradient) or ``"binary"`` (``u_t < p``,
         no gradient in ``p``, the discrete levels' sends).
-    :input u: ``[T, E, R]`` fixed uniforms (drawn from ``generator`` when None).
-    :param lam: relaxed-Bernoulli temperature (default 0.1).
+    :input u: ``[T, E, R]`` fixed uniforms (drawn from ``generator`` when None); relaxed and
+        binary sends only (with ``"mean_field"`` a given ``u`` is a ValueError, not ignored).
+    :param lam: relaxed-Bernoulli temperature, finite and >= 0 (default 0.1).
+    :param warmup: steps ``t < warmup`` are run but not counted. The messages queued at the
+        start of step ``warmup`` (at ``warmup = 0``: those in ``net``'s state, 0 after a reset)
+        count as offered, so ``0 <= delivery_ratio <= 1``.
     :output: per robot ``[E, R]``: ``delay, delivery, aoi, energy_j`` and the totals
         ``offered, delivered, delay_sum, timeouts, overflow, queued_msgs``; batch means
-        ``mean_delay, delivery_ratio, mean_aoi, mean_energy_j`` (0-dim).
+        ``mean_delay, delivery_ratio, mean_aoi, mean_energy_j`` (0-dim). Per robot, ``delay``
+        is NaN where nothing was delivered and ``delivery`` NaN where nothing was offered;
+        the batch ``mean_delay`` is 0 when nothing was delivered and ``delivery_ratio`` 0
+        when nothing was offered (finite, with finite gradients): see
+        :class:`isaac_net.core.kpi.KpiAccumulator`.
     """
     if not isinstance(net, DiffFluid):
         raise TypeError(f"net: expected a DiffFluid, got {type(net).__name__}")
@@ -38,13 +46,14 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     check_horizon(T, warmup)
     p = _validate.per_robot(p, "p", E, R, dt, dev)
     _validate.check_range(p, "p", 0.0, 1.0, "probabilities in [0, 1]")
-    lam = 0.1 if lam is None else float(lam)
-    if lam < 0:
-        raise ValueError(f"lam: expected a temperature >= 0, got {lam}")
+    lam = 0.1 if lam is None else _validate.temperature(lam, "lam")
     if sends != "mean_field":
         u = send_uniforms(u, T, E, R, dt, dev, generator)
+    elif u is not None:
+        raise ValueError("u: mean-field sends use no uniforms; pass sends='relaxed' or 'binary' with u, "
+                         "or u=None")
     step_inputs = net.inputs(B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline)
-    acc = KpiAccumulator(warmup)
+    acc = KpiAccumulator(warmup, queued_start=net.state.w.sum(-1) if warmup == 0 else None)
     if sends == "mean_field":
         send = p
     elif sends == "relaxed":

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from isaac_net.core.levels.base import KPI_KEYS, DiscreteLevel
+from isaac_net.core import _validate
+from isaac_net.core.kpi import KPI_KEYS
+from isaac_net.core.levels.base import DiscreteLevel
 from isaac_net.core.levels.graphed import CudaGraphLevel
 from isaac_net.core.levels.l1 import NetFluid
-from isaac_net.core.levels.l2_legacy import L2LegacyConfig
+from isaac_net.core.levels.l2_legacy import L2LegacyConfig, NetL2Legacy
 from isaac_net.core.levels.qa import NetQA
 
-
-def _l2_legacy(*args, **kwargs):
-    from isaac_net.core.levels.l2_legacy import NetL2Legacy
-
-    return NetL2Legacy(*args, **kwargs)
-
-
-LEVELS = {"L1": NetFluid, "QA": NetQA, "L2-legacy": _l2_legacy}
+LEVELS = {"L1": NetFluid, "QA": NetQA, "L2-legacy": NetL2Legacy}
 BACKENDS = ("eager", "cuda_graph")
 
 
@@ -34,11 +29,12 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
         raise ValueError(f"unknown level {level!r}; expected one of: {', '.join(LEVELS)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of: {', '.join(BACKENDS)}")
-    if backend == "cuda_graph" and torch.device(device).type != "cuda":
+    device = _validate.check_device(device)
+    if backend == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"backend 'cuda_graph' needs a CUDA device, got device={device!r}")
     net = LEVELS[level](E, R, device, cfg=cfg, dtype=dtype, seed=seed, **level_kwargs)
     return CudaGraphLevel(net) if backend == "cuda_graph" else net
 
 
-__all__ = ["KPI_KEYS", "LEVELS", "CudaGraphLevel", "DiscreteLevel", "L2LegacyConfig", "NetFluid", "NetQA",
-           "make_engine"]
+__all__ = ["KPI_KEYS", "LEVELS", "CudaGraphLevel", "DiscreteLevel", "L2LegacyConfig", "NetFluid",
+           "NetL2Legacy", "NetQA", "make_engine"]

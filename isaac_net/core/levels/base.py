@@ -1,7 +1,8 @@
-"""Shared bookkeeping of the discrete levels (DESIGN.md §2).
+"""Shared bookkeeping of the discrete levels (docs/design.md §2).
 
 A level owns capture, overflow, ageing, timeout, AoI, energy and the per-step KPI dict
-here, once. Each level writes only its service rule, ``_serve``. The queue is a
+here, once. Each level writes only its service rule, ``_serve`` (and, with state of its own,
+``_reset_level`` and ``_age_level``, called by ``reset`` and at the end of each step). The queue is a
 compacted FIFO per robot: ``bytes[e, r, j]`` for ``j < length[e, r]``, oldest first.
 """
 
@@ -13,8 +14,6 @@ import torch
 
 from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
-
-KPI_KEYS = ("offered", "delivered", "delay_sum", "timeouts", "overflow", "aoi", "energy_j", "queued_msgs")
 
 
 @dataclasses.dataclass
@@ -83,12 +82,12 @@ class DiscreteLevel:
         _validate.check_dims(E, R)
         _validate.check_dtype(dtype)
         self.E, self.R = E, R
-        self.device = torch.device(device)
+        self.device = _validate.check_device(device)
         self.cfg = cfg if cfg is not None else CellConfig()
         if not isinstance(self.cfg, CellConfig):
             raise TypeError(f"cfg: expected a CellConfig, got {type(self.cfg).__name__}")
         self.dtype = dtype
-        self.seed = seed
+        self.seed = _validate.check_seed(seed)
         F = self.cfg.buffer_msgs
         self.t = 0
         # The step counter again, on the device: the step's tensor arithmetic reads this one, so
@@ -109,6 +108,9 @@ class DiscreteLevel:
     def _reset_level(self, env_mask: torch.Tensor) -> None:
         """Reset level-specific state of the envs in ``env_mask`` (``[E]`` bool)."""
 
+    def _age_level(self) -> None:
+        """Age level-specific per-message state by one step, with the queue (at the end of each step)."""
+
     # ------------------------------------------------------------------ api
     def reset(self, env_ids=None) -> None:
         """Restart the envs ``env_ids`` (all when None); the others are left untouched."""
@@ -125,7 +127,7 @@ class DiscreteLevel:
 
     def state(self) -> dict:
         """The tensors that carry the queue from one step to the next, by name: the whole state
-        of the capturable levels (L1, QA); L2-legacy keeps more of its own."""
+        of the capturable levels (L1, QA); L2-legacy adds its own."""
         q = self.queue
         return {"bytes": q.bytes, "gen": q.gen, "length": q.length, "fresh_gen": self.fresh_gen,
                 "t_now": self.t_now}
@@ -144,7 +146,7 @@ class DiscreteLevel:
         :input pos: ``[E, R, 2]`` positions, m (gNB at the origin), with
         :input tx_dbm: ``[E, R]`` transmit power, dBm (default ``cfg.tx_dbm``).
         :input deadline: ``[E, R]`` whole control steps in ``[1, timeout_steps]``.
-        :output: dict of ``[E, R]`` tensors, keys ``KPI_KEYS``.
+        :output: dict of ``[E, R]`` tensors, keys ``kpi.KPI_KEYS``.
         """
         with torch.no_grad():
             return self._step(*self.checked_inputs(send, msg_bytes, snr_db, pos, tx_dbm, deadline))
@@ -159,10 +161,7 @@ class DiscreteLevel:
         if bool(((send != 0) & (send != 1)).any()):
             raise ValueError("send: expected binary sends (0 or 1) for a discrete level; "
                              "use DiffFluid for send weights in [0, 1]")
-        msg_bytes = _validate.per_robot(msg_bytes, "msg_bytes", E, R, dt, dev)
-        _validate.check_range(msg_bytes, "msg_bytes", None, None, "")
-        if bool((msg_bytes <= 0).any()):
-            raise ValueError("msg_bytes: expected sizes > 0 bytes")
+        msg_bytes = _validate.msg_bytes(msg_bytes, E, R, dt, dev)
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=True).long()
         return send.bool(), msg_bytes, snr, tx, dl
@@ -204,6 +203,7 @@ class DiscreteLevel:
         keep = alive & ~timed_out
         self.queue = _compact(Queue(bytes=torch.where(keep, svc.remaining, torch.zeros_like(q.bytes)),
                                     gen=q.gen, length=q.length), keep)
+        self._age_level()
         self.t = t + 1
         self.t_now = t_now + 1
 

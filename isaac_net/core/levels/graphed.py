@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from isaac_net.core.levels.base import KPI_KEYS, DiscreteLevel
+from isaac_net.core.kpi import KPI_KEYS
+from isaac_net.core.levels.base import DiscreteLevel
 
 
 class CudaGraphs:

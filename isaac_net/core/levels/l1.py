@@ -1,4 +1,4 @@
-"""L1 (NetFluid): equal subband shares among backlogged robots, slot by slot (DESIGN.md §2)."""
+"""L1 (NetFluid): equal subband shares among backlogged robots, slot by slot (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""L2-legacy: the packet-level uplink level, slot by slot (DESIGN.md §2 "L2-legacy").
+"""L2-legacy: the packet-level uplink level, slot by slot (docs/design.md §2 "L2-legacy").
 
 Per UL slot ``s`` (absolute index ``t * K + k``), for every env and robot at once:
 
@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import typing
 
 import torch
 
@@ -103,21 +104,21 @@ class L2LegacyConfig:
         positive = ("sr_grant_bytes", "olla_max_db", "bler_slope_db", "pf_avg_init_bytes")
         for name in positive:
             v = getattr(self, name)
-            if not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
+            if not (_real(v) and math.isfinite(v) and v > 0):
                 raise ValueError(f"L2LegacyConfig.{name} must be a finite number > 0, got {v!r}")
         for name in ("olla_up_db", "bler_gap_db"):
             v = getattr(self, name)
-            if not (isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0):
+            if not (_real(v) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"L2LegacyConfig.{name} must be a finite number >= 0, got {v!r}")
-        if not (0 < self.olla_target_bler < 1):
+        if not (_real(self.olla_target_bler) and 0 < self.olla_target_bler < 1):
             raise ValueError(
                 f"L2LegacyConfig.olla_target_bler must be in (0, 1), got {self.olla_target_bler!r}")
-        if not (0 <= self.pf_beta < 1):
+        if not (_real(self.pf_beta) and 0 <= self.pf_beta < 1):
             raise ValueError(f"L2LegacyConfig.pf_beta must be in [0, 1), got {self.pf_beta!r}")
-        se = tuple(self.mcs_se)
-        if not (len(se) >= 1 and all(isinstance(x, numbers.Real) and x > 0 for x in se)):
+        se = tuple(self.mcs_se) if hasattr(self.mcs_se, "__iter__") else ()
+        if not (len(se) >= 1 and all(_real(x) and math.isfinite(x) and x > 0 for x in se)):
             raise ValueError(
-                f"L2LegacyConfig.mcs_se must be a non-empty tuple of SE > 0, got {self.mcs_se!r}")
+                f"L2LegacyConfig.mcs_se must be a non-empty tuple of finite SE > 0, got {self.mcs_se!r}")
 
     @property
     def olla_down_db(self) -> float:
@@ -125,7 +126,283 @@ class L2LegacyConfig:
         return self.olla_up_db * self.olla_target_bler / (1.0 - self.olla_target_bler)
 
 
+def _real(v) -> bool:
+    """A real number, not a bool (``True`` is an int to Python, not a dB value)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
+
+
+def _state_field(env_dim: int, per_message: bool = False):
+    """A field of :class:`L2State`: its env dimension (0, or 1 behind a ring of slots) and whether
+    its last dimension indexes the messages by age (it then ages with the queue)."""
+    return dataclasses.field(metadata={"env_dim": env_dim, "per_message": per_message})
+
+
+@dataclasses.dataclass
+class L2State:
+    """What L2-legacy carries from one step to the next besides the queue and the channel.
+
+    Per message in age order: last index ``j = A - 1 - age`` (oldest first, FIFO order). Rings
+    of slots: HARQ process ``p`` serves the slots ``s`` with ``s % P == p``, the grant of slot
+    ``u`` lives at ``u % K2``, bytes RLC resends in slot ``u`` at ``u % D``
+    (``D = rlc_delay_slots + 1``). ``reset_envs``, ``aged`` and ``forget`` walk the fields.
+    """
+
+    pending: torch.Tensor = _state_field(0, per_message=True)  # [E, R, A] bytes in TBs in HARQ
+    held: torch.Tensor = _state_field(1, per_message=True)  # [D, E, R, A] bytes waiting for RLC
+    rlc_cnt: torch.Tensor = _state_field(0, per_message=True)  # [E, R, A] long, RLC rounds so far
+    round_slot: torch.Tensor = _state_field(0, per_message=True)  # [E, R, A] long, last round's return
+    hq_active: torch.Tensor = _state_field(1)  # [P, E, R] bool, a TB waits for its retransmission
+    hq_content: torch.Tensor = _state_field(1, per_message=True)  # [P, E, R, A] bytes of each message
+    hq_sb: torch.Tensor = _state_field(1)  # [P, E, R, S] bool, the TB's subbands
+    hq_mcs: torch.Tensor = _state_field(1)  # [P, E, R] long
+    hq_acc: torch.Tensor = _state_field(1)  # [P, E, R] chase-combined SINR, linear
+    hq_ntx: torch.Tensor = _state_field(1)  # [P, E, R] long, transmissions so far
+    hq_first: torch.Tensor = _state_field(1)  # [P, E, R] long, slot of the TB's first transmission
+    gr_sb: torch.Tensor = _state_field(1)  # [K2, E, R, S] bool, granted subbands
+    gr_mcs: torch.Tensor = _state_field(1)  # [K2, E, R] long
+    gr_tbs: torch.Tensor = _state_field(1)  # [K2, E, R] granted TB size, bytes
+    outstanding: torch.Tensor = _state_field(0)  # [E, R] bytes granted, not yet sent
+    known: torch.Tensor = _state_field(0)  # [E, R] the gNB's view of the robot's ungranted buffer, B
+    olla_db: torch.Tensor = _state_field(0)  # [E, R] OLLA offset, dB
+    avg_thr: torch.Tensor = _state_field(0)  # [E, R] PF average throughput, B/slot
+
+    @classmethod
+    def initial(cls, E: int, R: int, cfg, l2: L2LegacyConfig, dtype: torch.dtype, device) -> "L2State":
+        """The state of a fresh env: nothing queued, granted or in HARQ; the PF average at its start."""
+        A, S, P, K2 = cfg.timeout_steps, cfg.num_subbands, l2.harq_rtt_slots, l2.k2_slots
+        D = l2.rlc_delay_slots + 1
+        z = dict(dtype=dtype, device=device)
+        zl = dict(dtype=torch.long, device=device)
+        zb = dict(dtype=torch.bool, device=device)
+        return cls(
+            pending=torch.zeros(E, R, A, **z), held=torch.zeros(D, E, R, A, **z),
+            rlc_cnt=torch.zeros(E, R, A, **zl), round_slot=torch.zeros(E, R, A, **zl),
+            hq_active=torch.zeros(P, E, R, **zb), hq_content=torch.zeros(P, E, R, A, **z),
+            hq_sb=torch.zeros(P, E, R, S, **zb), hq_mcs=torch.zeros(P, E, R, **zl),
+            hq_acc=torch.zeros(P, E, R, **z), hq_ntx=torch.zeros(P, E, R, **zl),
+            hq_first=torch.zeros(P, E, R, **zl),
+            gr_sb=torch.zeros(K2, E, R, S, **zb), gr_mcs=torch.zeros(K2, E, R, **zl),
+            gr_tbs=torch.zeros(K2, E, R, **z),
+            outstanding=torch.zeros(E, R, **z), known=torch.zeros(E, R, **z), olla_db=torch.zeros(E, R, **z),
+            avg_thr=torch.full((E, R), l2.pf_avg_init_bytes, **z),
+        )
+
+    def harq(self, p: int) -> Harq:
+        """HARQ process ``p`` (views into the rings)."""
+        return Harq(self.hq_active[p], self.hq_content[p], self.hq_sb[p], self.hq_mcs[p], self.hq_acc[p],
+                    self.hq_ntx[p], self.hq_first[p])
+
+    def set_harq(self, p: int, hq: Harq) -> None:
+        """Write HARQ process ``p`` into the rings."""
+        rings = (self.hq_active, self.hq_content, self.hq_sb, self.hq_mcs, self.hq_acc, self.hq_ntx,
+                 self.hq_first)
+        for ring, v in zip(rings, hq, strict=True):
+            ring[p] = v
+
+    def grant(self, u: int) -> Grant:
+        """The grant of slot ``u`` (views into the rings)."""
+        i = u % self.gr_tbs.shape[0]
+        return Grant(self.gr_sb[i], self.gr_mcs[i], self.gr_tbs[i])
+
+    def set_grant(self, u: int, gr: Grant) -> None:
+        """Write the grant of slot ``u`` into the rings."""
+        for ring, v in zip((self.gr_sb, self.gr_mcs, self.gr_tbs), gr, strict=True):
+            ring[u % ring.shape[0]] = v
+
+    def tensors(self) -> dict:
+        """The fields by name (no copy)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def reset_envs(self, env_mask: torch.Tensor, initial: "L2State") -> "L2State":
+        """This state with the envs of ``env_mask`` (``[E]`` bool) set to ``initial``'s values."""
+        out = {}
+        for f in dataclasses.fields(self):
+            x = getattr(self, f.name)
+            shape = [1] * x.dim()
+            shape[f.metadata["env_dim"]] = -1
+            out[f.name] = torch.where(env_mask.view(shape), getattr(initial, f.name), x)
+        return L2State(**out)
+
+    def aged(self) -> "L2State":
+        """Every message one step older: index ``j`` moves to ``j - 1``; the newest index is empty."""
+        return self._per_message(lambda x: torch.cat([x[..., 1:], torch.zeros_like(x[..., :1])], -1))
+
+    def forget(self, is_gone: torch.Tensor) -> "L2State":
+        """The per-message fields cleared where ``is_gone`` (``[E, R, A]``): a message gone from the
+        queue (delivered, timed out, lost) leaves nothing behind."""
+        return self._per_message(lambda x: x.masked_fill(is_gone, 0))
+
+    def _per_message(self, fn) -> "L2State":
+        fields = [f.name for f in dataclasses.fields(self) if f.metadata["per_message"]]
+        return dataclasses.replace(self, **{name: fn(getattr(self, name)) for name in fields})
+
+
+class Harq(typing.NamedTuple):
+    """One HARQ process of every robot (row ``p`` of :class:`L2State`'s ``hq_*`` rings)."""
+
+    active: torch.Tensor  # [E, R] bool
+    content: torch.Tensor  # [E, R, A] bytes of each message in the TB
+    sb: torch.Tensor  # [E, R, S] bool
+    mcs: torch.Tensor  # [E, R] long
+    acc: torch.Tensor  # [E, R] chase-combined SINR, linear
+    ntx: torch.Tensor  # [E, R] long
+    first: torch.Tensor  # [E, R] long, slot of the first transmission
+
+
+class Grant(typing.NamedTuple):
+    """The grant of one slot for every robot (row ``u % K2`` of the ``gr_*`` rings)."""
+
+    sb: torch.Tensor  # [E, R, S] bool
+    mcs: torch.Tensor  # [E, R] long
+    tbs: torch.Tensor  # [E, R] bytes
+
+
+class Tx(typing.NamedTuple):
+    """What each robot sent in a slot and the HARQ feedback it got. ``[E, R]`` unless noted."""
+
+    is_retx: torch.Tensor  # bool, the HARQ retransmission due now
+    is_new: torch.Tensor  # bool, a new TB on the grant
+    is_tx: torch.Tensor  # bool, either
+    take: torch.Tensor  # [E, R, A] bytes a new TB takes from each message
+    tb_bytes: torch.Tensor  # bytes of the new TB (0 without one)
+    sendable: torch.Tensor  # bytes not yet in any TB nor held by RLC, before the TB
+    sb: torch.Tensor  # [E, R, S] bool, subbands of the transmission
+    acc: torch.Tensor  # chase-combined SINR, linear
+    mcs: torch.Tensor  # long
+    nack: torch.Tensor  # bool
+    ntx: torch.Tensor  # long, transmissions of the TB so far, this one included
+    fail: torch.Tensor  # bool, NACK at the last transmission: the bytes go to RLC
+    content: torch.Tensor  # [E, R, A] bytes of each message in the TB
+
+
+def messages_by_age(q: Queue, t: int, A: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queue in age order (index ``A - 1 - age``, oldest first).
+
+    :output: ``idx`` ``[E, R, F]`` each queue entry's index (``A`` past the queue's length),
+        whole unserved bytes ``[E, R, A]`` and ``live`` ``[E, R, A]`` bool.
+    """
+    E, R, _ = q.bytes.shape
+    valid = q.valid
+    idx = torch.where(valid, A - 1 - (t - q.gen), A)
+    bytes_ = torch.zeros(E, R, A + 1, dtype=q.bytes.dtype, device=q.bytes.device).scatter_(
+        -1, idx, torch.where(valid, torch.ceil(q.bytes), 0.0))[..., :A]
+    live = torch.zeros(E, R, A + 1, dtype=torch.bool, device=q.bytes.device).scatter_(-1, idx, valid)[..., :A]
+    return idx, bytes_, live
+
+
+def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, nack_below: torch.Tensor,
+             bler_c: float, bler_b: torch.Tensor, harq_max_tx: int) -> Tx:
+    """The retransmission due now or a new TB on the grant, and its HARQ feedback.
+
+    A new TB takes the oldest ``unsched`` bytes (``[E, R, A]``) up to the grant's size; the SINR
+    of its ``n`` subbands is ``rx_now / n`` (``[E, R, S]``, full power in one subband), combined
+    with the earlier transmissions of the TB; NACK iff ``bler_c ln(acc) + bler_b[mcs] < nack_below``
+    (``[E, R]``; ``u < BLER`` in logit form).
+    """
+    is_retx = hq.active.clone()  # the caller overwrites the process
+    cum = unsched.cumsum(-1)
+    take = torch.minimum((gr.tbs.unsqueeze(-1) - cum + unsched).clamp_(min=0), unsched)  # FIFO
+    tb_bytes = take.sum(-1)
+    is_new = tb_bytes > 0
+    is_tx = is_retx | is_new
+    sb = torch.where(is_retx.unsqueeze(-1), hq.sb, gr.sb)
+    n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).to(rx_now.dtype)
+    acc = hq.acc + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
+    mcs = torch.where(is_retx, hq.mcs, gr.mcs)
+    nack = ((bler_c * torch.log(acc) + torch.take(bler_b, mcs)) < nack_below) & is_tx
+    ntx = hq.ntx + 1
+    return Tx(is_retx=is_retx, is_new=is_new, is_tx=is_tx, take=take, tb_bytes=tb_bytes,
+              sendable=cum[..., -1], sb=sb, acc=acc, mcs=mcs, nack=nack, ntx=ntx,
+              fail=nack & (ntx >= harq_max_tx), content=hq.content + take)
+
+
+def deliver(bytes_: torch.Tensor, finish_slot: torch.Tensor, tx: Tx,
+            k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ACK: the TB's bytes leave the queue; a message is delivered in slot ``k`` with its last byte.
+
+    :input bytes_: ``[E, R, A]`` unacked bytes (+inf: can no longer complete).
+    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet).
+    """
+    ack = tx.is_tx ^ tx.nack
+    bytes_ = bytes_ - torch.where(ack.unsqueeze(-1), tx.content, 0.0)
+    is_done = bytes_ <= 0
+    return bytes_.masked_fill(is_done, math.inf), finish_slot.masked_fill(is_done, k)
+
+
+def rlc_failure(tx: Tx, first: torch.Tensor, usable: torch.Tensor, round_slot: torch.Tensor,
+                rlc_cnt: torch.Tensor, rlc_max_retx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which messages of a failed TB RLC resends, in a new round or lost. All ``[E, R, A]`` bool.
+
+    A failed TB first sent (``first`` ``[E, R]``) before the message's last RLC return belongs to
+    that round; one sent after it starts a new round; a message beyond ``rlc_max_retx`` rounds is lost.
+
+    :output: ``(is_lost, is_round, requeue)``: lost, a new round, bytes to resend.
+    """
+    failed = (tx.content > 0) & tx.fail.unsqueeze(-1) & usable
+    new_round = failed & (first.unsqueeze(-1) >= round_slot)
+    is_lost = new_round & (rlc_cnt >= rlc_max_retx)
+    return is_lost, new_round ^ is_lost, failed ^ is_lost
+
+
+def harq_next(tx: Tx, first: torch.Tensor) -> Harq:
+    """The process after the slot: a NACKed TB short of its last transmission waits for the RTT."""
+    keep = tx.nack ^ tx.fail
+    return Harq(active=keep, content=torch.where(keep.unsqueeze(-1), tx.content, 0.0),
+                sb=tx.sb & keep.unsqueeze(-1), mcs=tx.mcs, acc=torch.where(keep, tx.acc, 0.0),
+                ntx=torch.where(keep, tx.ntx, 0), first=first)
+
+
+def buffer_report(known: torch.Tensor, outstanding: torch.Tensor, tbs: torch.Tensor,
+                  tx: Tx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BSR with the TB on a grant of ``tbs`` bytes: the bytes left, less those already granted.
+
+    :output: ``(known, outstanding, left)`` ``[E, R]``, ``left`` the bytes not yet in a TB.
+    """
+    outstanding = outstanding - tbs
+    left = tx.sendable - tx.tb_bytes
+    return torch.where(tbs > 0, (left - outstanding).clamp(min=0), known), outstanding, left
+
+
+def scheduling_request(is_occasion: torch.Tensor, left: torch.Tensor, known: torch.Tensor,
+                       outstanding: torch.Tensor,
+                       sr_bytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SR: unreported data and nothing known or granted, at the robot's occasion (``[R]`` bool).
+
+    :output: ``(is_sr, known)`` ``[E, R]``: the gNB assumes ``sr_bytes`` after an SR.
+    """
+    is_sr = is_occasion & (left > 0) & (known <= 0) & (outstanding <= 0)
+    return is_sr, torch.where(is_sr, sr_bytes, known)
+
+
+class Estimate(typing.NamedTuple):
+    """The gNB's view of the channel from its (stale) estimate, per block."""
+
+    x: torch.Tensor  # [E, R, S] SINR with the full power in one subband, linear
+    se: torch.Tensor  # [E, R, S] spectral efficiency at full power in one subband, capped
+    order: torch.Tensor  # [E, R, S] subbands by decreasing se (PF ranks them the same way)
+    cap: torch.Tensor  # [E, R, S] TB capacity with 1..S subbands, bytes
+    max_sb: torch.Tensor  # [E, R] long, the power-headroom limit on the subbands
+
+
+def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: torch.Tensor, hq_then: Harq,
+          pf_rounds: int, sel_db: torch.Tensor, tbs_per_sb: torch.Tensor, *,
+          stop_early: bool) -> tuple[Grant, torch.Tensor, torch.Tensor]:
+    """The grant for a later slot on the subbands that slot's retransmissions (the HARQ process
+    ``hq_then``) leave free: PF subband by subband, up to what each robot's known buffer needs
+    (``known`` ``[E, R]``); the MCS from the estimate less the OLLA offset (``olla_db``).
+
+    :output: ``(grant, need, metric)``, ``need`` ``[E, R]`` long, ``metric`` ``[E, R, S]``.
+    """
+    need = mech.subbands_needed(torch.where(hq_then.active, 0.0, known), est.cap, est.max_sb)
+    metric = est.se / avg_thr.clamp(min=1e-3).unsqueeze(-1)
+    alloc = mech.pf_allocate(metric, need, ~hq_then.sb.any(1), pf_rounds, est.order, stop_early=stop_early)
+    n_alloc = torch.count_nonzero(alloc, -1).to(known.dtype)
+    eff_est = mech.effective_sinr_lin(est.x / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
+    mcs = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla_db, sel_db)
+    return Grant(sb=alloc, mcs=mcs, tbs=torch.floor(n_alloc * torch.take(tbs_per_sb, mcs))), need, metric
 
 
 class NetL2Legacy(DiscreteLevel):
@@ -134,7 +411,8 @@ class NetL2Legacy(DiscreteLevel):
     Besides the step KPIs, ``counters`` holds cumulative ``[E, R]`` tensors (reset with the
     env): ``tx_first`` new TBs, ``nack_first`` their NACKs, ``tx_retx`` HARQ retransmissions,
     ``harq_fail`` TBs handed to RLC, ``rlc_retx`` message retransmissions by RLC,
-    ``rlc_lost`` messages lost by RLC, ``sr`` scheduling requests. Setting ``trace`` to a
+    ``rlc_lost`` messages lost by RLC, ``sr`` scheduling requests. ``l2_state`` holds the
+    :class:`L2State`, ``gains`` the fading ring ``[H, E, R, S]``. Setting ``trace`` to a
     list makes each slot append a dict of its tensors (for tests; off by default).
     """
 
@@ -153,7 +431,7 @@ class NetL2Legacy(DiscreteLevel):
             raise ValueError("cfg: L2-legacy takes no calibration constants (rate_factor, snr_offset_db, "
                              "l1_sr_slots are effective physics of the fluid levels); got "
                              f"{(cfg.rate_factor, cfg.snr_offset_db, cfg.l1_sr_slots)}")
-        A, S, P, K2 = cfg.timeout_steps, cfg.num_subbands, l2.harq_rtt_slots, l2.k2_slots
+        S = cfg.num_subbands
 
         self.generator = torch.Generator(device=dev)
         if seed is None:
@@ -176,7 +454,6 @@ class NetL2Legacy(DiscreteLevel):
         self._bler_b = math.log(9.0) - self._thr_db / l2.bler_slope_db  # [M]
         # 0-d constants (a Python scalar in torch.where costs a conversion per call).
         self._zero = torch.zeros((), dtype=dtype, device=dev)
-        self._zero_l = torch.zeros((), dtype=torch.long, device=dev)
         self._sr_bytes = torch.full((), l2.sr_grant_bytes, dtype=dtype, device=dev)
         # On the CPU a branch on a tensor costs no device sync, so rare work can be skipped.
         self._host_branches = self.device.type == "cpu"
@@ -187,46 +464,34 @@ class NetL2Legacy(DiscreteLevel):
         # Fading: a ring of the last H blocks covers both the current block and the
         # estimate's block (at most ceil(est_delay / coh) blocks back).
         self._num_blocks = -(-l2.est_delay_slots // l2.coh_slots) + 1
-        self._gains = mech.rayleigh_power((self._num_blocks, E, R, S), self.generator, dtype, dev)
-
-        z = dict(dtype=dtype, device=dev)
-        zl = dict(dtype=torch.long, device=dev)
-        # Per message, in age order: index j = A - 1 - age (oldest first, FIFO order).
-        self._pending = torch.zeros(E, R, A, **z)  # bytes in TBs in HARQ
-        # Bytes waiting for an RLC retransmission, by the slot they return: slot u at u % D.
-        self._held = torch.zeros(l2.rlc_delay_slots + 1, E, R, A, **z)
-        self._rlc_cnt = torch.zeros(E, R, A, **zl)  # RLC retransmission rounds so far
-        self._round_slot = torch.zeros(E, R, A, **zl)  # slot the last round's bytes returned
-        # HARQ processes, process-major: process p serves the slots s with s % P == p.
-        self._hq_active = torch.zeros(P, E, R, dtype=torch.bool, device=dev)
-        self._hq_content = torch.zeros(P, E, R, A, **z)  # bytes of each message in the TB
-        self._hq_sb = torch.zeros(P, E, R, S, dtype=torch.bool, device=dev)
-        self._hq_mcs = torch.zeros(P, E, R, **zl)
-        self._hq_acc = torch.zeros(P, E, R, **z)  # chase-combined SINR, linear
-        self._hq_ntx = torch.zeros(P, E, R, **zl)
-        self._hq_first = torch.zeros(P, E, R, **zl)  # slot of the TB's first transmission
-        # Grants issued for the next K2 slots: slot u lives at u % K2.
-        self._gr_sb = torch.zeros(K2, E, R, S, dtype=torch.bool, device=dev)
-        self._gr_mcs = torch.zeros(K2, E, R, **zl)
-        self._gr_tbs = torch.zeros(K2, E, R, **z)
-        self._outstanding = torch.zeros(E, R, **z)  # bytes granted, not yet sent
-        self._known = torch.zeros(E, R, **z)  # the gNB's view of the robot's ungranted buffer
-        self._olla_db = torch.zeros(E, R, **z)
-        self._avg_thr = torch.full((E, R), l2.pf_avg_init_bytes, **z)
-        self.counters = {k: torch.zeros(E, R, **z) for k in COUNTER_KEYS}
+        self.gains = mech.rayleigh_power((self._num_blocks, E, R, S), self.generator, dtype, dev)
+        self.l2_state = L2State.initial(E, R, cfg, l2, dtype, dev)
+        self.counters = {k: torch.zeros(E, R, dtype=dtype, device=dev) for k in COUNTER_KEYS}
         self.trace: list | None = None
 
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
-        m = env_mask
-        for name in ("_pending", "_rlc_cnt", "_round_slot", "_outstanding", "_known", "_olla_db"):
-            getattr(self, name)[m] = 0
-        for name in ("_held", "_hq_active", "_hq_content", "_hq_sb", "_hq_mcs", "_hq_acc", "_hq_ntx",
-                     "_hq_first", "_gr_sb", "_gr_mcs", "_gr_tbs"):  # [*, E, ...]
-            getattr(self, name)[:, m] = 0
-        self._avg_thr[m] = self.l2.pf_avg_init_bytes
+        fresh = L2State.initial(self.E, self.R, self.cfg, self.l2, self.dtype, self.device)
+        self.l2_state = self.l2_state.reset_envs(env_mask, fresh)
         for x in self.counters.values():
-            x[m] = 0
+            x[env_mask] = 0
+
+    def _age_level(self) -> None:
+        self.l2_state = self.l2_state.aged()
+
+    def state(self) -> dict:
+        """The queue's tensors (``DiscreteLevel.state``), the :class:`L2State` fields, the counters,
+        the fading ring ``gains`` and ``rng_state``, the generator's state (a copy), by name."""
+        return {**super().state(), **self.l2_state.tensors(), **self.counters, "gains": self.gains,
+                "rng_state": self.generator.get_state()}
+
+    def load_state(self, state: dict) -> None:
+        """Point the level at ``state`` (as from :meth:`state`; no copy but of the generator's state)."""
+        super().load_state(state)
+        self.l2_state = L2State(**{f.name: state[f.name] for f in dataclasses.fields(L2State)})
+        self.counters = {k: state[k] for k in COUNTER_KEYS}
+        self.gains = state["gains"]
+        self.generator.set_state(state["rng_state"])
 
     def _draw_step(self, t: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         """The step's random numbers, in a fixed order: BLER uniforms, then fading blocks.
@@ -240,42 +505,34 @@ class NetL2Legacy(DiscreteLevel):
                                 self.dtype, self.device)
         return u, starts, g
 
+    def _estimate(self, x_est: torch.Tensor) -> Estimate:
+        """The gNB's view of a channel estimate ``x_est`` ``[E, R, S]`` (linear, full power in one
+        subband)."""
+        se_est = torch.log2(1.0 + x_est).clamp_(max=self._se_max)
+        order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
+        cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
+                                                self._gap_lin, self._min_sinr_lin, self.cfg.num_subbands)
+        return Estimate(x_est, se_est, order, cap, max_sb)
+
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
         cfg, l2 = self.cfg, self.l2
-        E, R, A, S, K = self.E, self.R, cfg.timeout_steps, cfg.num_subbands, cfg.num_slots
+        E, R, A, K = self.E, self.R, cfg.timeout_steps, cfg.num_slots
         P, K2, H, coh = l2.harq_rtt_slots, l2.k2_slots, self._num_blocks, l2.coh_slots
-        t, dt, dev = ctx.t, self.dtype, self.device
-        inf = math.inf
-        zero, zero_l, sr_bytes = self._zero, self._zero_l, self._sr_bytes
-        bler_c, bler_b, host = self._bler_c, self._bler_b, self._host_branches
+        t, dev = ctx.t, self.device
+        zero, host = self._zero, self._host_branches
 
-        # Messages in age order (index A-1-age, oldest first); the state aged by one step.
-        self._shift_ages()
-        valid = q.valid
-        idx = torch.where(valid, A - 1 - (t - q.gen), A)  # [E, R, F]
-        bytes_ = torch.zeros(E, R, A + 1, dtype=dt, device=dev).scatter_(
-            -1, idx, torch.where(valid, torch.ceil(q.bytes), 0.0))[..., :A]
-        live = torch.zeros(E, R, A + 1, dtype=torch.bool, device=dev).scatter_(-1, idx, valid)[..., :A]
-        # Messages gone since the last step (delivered, timed out, lost) leave nothing behind.
-        dead = ~live
-        for x in (self._pending, self._held, self._rlc_cnt, self._round_slot):  # (held: [D, E, R, A])
-            x.masked_fill_(dead, 0)
-        self._hq_content.masked_fill_(dead, 0)
-        held, rlc_cnt, round_slot = self._held, self._rlc_cnt, self._round_slot
+        idx, bytes_, live = messages_by_age(q, t, A)
+        st = self.l2_state.forget(~live)
+        held, rlc_cnt, round_slot = st.held, st.rlc_cnt, st.round_slot  # held: a ring, written in place
         D = held.shape[0]
         # Bytes not yet in any TB (nor held by RLC): the only ones a new TB may take.
-        unsched = bytes_ - self._pending - held.sum(0)
+        unsched = bytes_ - st.pending - held.sum(0)
         # Unacked bytes; +inf marks a message that can no longer complete (absent, done, lost).
-        bytes_ = bytes_.masked_fill(dead, inf)
-        usable = live.clone()  # not lost by RLC
-
-        known, outstanding, olla, avg = self._known, self._outstanding, self._olla_db, self._avg_thr
-        hq_active, hq_content, hq_sb = self._hq_active, self._hq_content, self._hq_sb
-        hq_mcs, hq_acc, hq_ntx, hq_first = self._hq_mcs, self._hq_acc, self._hq_ntx, self._hq_first
-        gr_sb, gr_mcs, gr_tbs = self._gr_sb, self._gr_mcs, self._gr_tbs
-        gains, thr_db, sel_db, tbs_per_sb = self._gains, self._thr_db, self._sel_db, self._tbs_per_sb
-        up, down, omax, beta = l2.olla_up_db, l2.olla_down_db, l2.olla_max_db, l2.pf_beta
+        bytes_ = bytes_.masked_fill(~live, math.inf)
+        usable = live  # not lost by RLC
+        known, outstanding, olla, avg = st.known, st.outstanding, st.olla_db, st.avg_thr
+        gains = self.gains
 
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
         finish_slot = torch.full((E, R, A), -1, dtype=torch.long, device=dev)
@@ -283,130 +540,100 @@ class NetL2Legacy(DiscreteLevel):
         nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
         no_msgs = torch.zeros(E, R, A, dtype=torch.bool, device=dev)
         no_robots = torch.zeros(E, R, dtype=torch.bool, device=dev)
-        log = {k: [] for k in ("tx", "new", "nack", "retx", "fail", "round", "lost", "sr")}
+        log = {k: [] for k in ("new", "nack", "retx", "fail", "round", "lost", "sr")}
+        is_tx_by_slot = []
         b_now = b_est = None
 
         for k in range(K):
             s = t * K + k
+            # The channel, and the gNB's estimate est_delay_slots old: each changes with its block.
             if k in block_starts:
                 gains[(s // coh) % H] = new_blocks[block_starts.index(k)]
-            if s // coh != b_now:  # the channel: a new block
+            if s // coh != b_now:
                 b_now = s // coh
                 rx_now = snr3 * gains[b_now % H]  # [E, R, S] SINR with the full power in one subband
-            if (s - l2.est_delay_slots) // coh != b_est:  # the gNB's estimate: a new block
+            if (s - l2.est_delay_slots) // coh != b_est:
                 b_est = (s - l2.est_delay_slots) // coh
-                x_est = snr3 * gains[b_est % H]
-                se_est = torch.log2(1.0 + x_est).clamp_(max=self._se_max)
-                order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
-                cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
-                                                        self._gap_lin, self._min_sinr_lin, S)
+                est = self._estimate(snr3 * gains[b_est % H])
 
             # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
-            unsched += torch.where(usable, held[s % D], zero)
+            unsched = unsched + torch.where(usable, held[s % D], zero)
             held[s % D] = 0
 
             # Transmission: the retransmission due now, or a new TB on the grant of slot s.
-            p, gi = s % P, s % K2
-            is_retx = hq_active[p].clone()  # the process is overwritten below
-            tbs = gr_tbs[gi]
-            cum = unsched.cumsum(-1)
-            take = torch.minimum((tbs.unsqueeze(-1) - cum + unsched).clamp_(min=0), unsched)  # FIFO
-            tb_bytes = take.sum(-1)
-            sendable = cum[..., -1]
-            is_new = tb_bytes > 0
-            is_tx = is_retx | is_new
-            sb = torch.where(is_retx.unsqueeze(-1), hq_sb[p], gr_sb[gi])
-            n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).to(dt)
-            acc = hq_acc[p] + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
-            mcs = torch.where(is_retx, hq_mcs[p], gr_mcs[gi])
-            nack = ((bler_c * torch.log(acc) + torch.take(bler_b, mcs)) < nack_below[k]) & is_tx
-            ack = is_tx ^ nack
-            ntx = hq_ntx[p] + 1
-            fail = nack & (ntx >= l2.harq_max_tx)
-            keep = nack ^ fail
-            content = hq_content[p] + take  # [E, R, A] bytes of each message in the TB
-            unsched -= take
+            p = s % P
+            hq, gr = st.harq(p), st.grant(s)
+            tx = transmit(unsched, hq, gr, rx_now, nack_below[k], self._bler_c, self._bler_b, l2.harq_max_tx)
+            unsched = unsched - tx.take
+            bytes_, finish_slot = deliver(bytes_, finish_slot, tx, k)
 
-            # ACK: the bytes leave the queue; a message is delivered with its last byte.
-            bytes_ -= torch.where(ack.unsqueeze(-1), content, zero)
-            is_done = bytes_ <= 0
-            finish_slot.masked_fill_(is_done, k)
-            bytes_.masked_fill_(is_done, inf)
-
-            # HARQ failure: RLC resends the bytes after rlc_delay_slots. A failed TB first sent
-            # before the message's last RLC return belongs to that round; one sent after it
-            # starts a new round. A message beyond rlc_max_retx rounds is lost.
-            hq_first[p].masked_fill_(is_new, s)  # a new TB starts here; a retransmission keeps its own
-            first = hq_first[p]
-            if host and not bool(fail.any()):
+            # HARQ failure: RLC resends the bytes after rlc_delay_slots, or the message is lost.
+            first = hq.first.masked_fill(tx.is_new, s)  # a new TB starts here; a retransmission keeps its own
+            if host and not bool(tx.fail.any()):
                 is_lost = is_round = requeue = no_msgs
             else:
-                failed = (content > 0) & fail.unsqueeze(-1) & usable
-                new_round = failed & (first.unsqueeze(-1) >= round_slot)
-                is_lost = new_round & (rlc_cnt >= l2.rlc_max_retx)
-                requeue = failed ^ is_lost
-                is_round = new_round ^ is_lost
-                usable ^= is_lost
-                bytes_.masked_fill_(is_lost, inf)
-                unsched.masked_fill_(is_lost, 0.0)
-                rlc_cnt += is_round
-                round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
-                held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, content, zero)
+                is_lost, is_round, requeue = rlc_failure(tx, first, usable, round_slot, rlc_cnt,
+                                                         l2.rlc_max_retx)
+                usable = usable ^ is_lost
+                bytes_ = bytes_.masked_fill(is_lost, math.inf)
+                unsched = unsched.masked_fill(is_lost, 0.0)
+                rlc_cnt = rlc_cnt + is_round
+                round_slot = round_slot.masked_fill(is_round, s + l2.rlc_delay_slots)
+                held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, tx.content, zero)
+            st.set_harq(p, harq_next(tx, first))
 
-            hq_active[p] = keep
-            hq_content[p] = torch.where(keep.unsqueeze(-1), content, zero)
-            hq_sb[p] = sb & keep.unsqueeze(-1)
-            hq_mcs[p] = mcs
-            hq_acc[p] = torch.where(keep, acc, zero)
-            hq_ntx[p] = torch.where(keep, ntx, zero_l)
-
-            olla = mech.olla_update(olla, is_new, nack, up, down, omax)  # first transmissions
-            avg = torch.lerp(avg, tb_bytes, 1.0 - beta)
-
-            # BSR with the TB on the grant of slot s: the bytes left, less those already granted.
-            outstanding = outstanding - tbs
-            left = sendable - tb_bytes
-            known = torch.where(tbs > 0, (left - outstanding).clamp(min=0), known)
-            # SR: unreported data and nothing known or granted, at the robot's occasion.
+            olla = mech.olla_update(olla, tx.is_new, tx.nack, l2.olla_up_db, l2.olla_down_db, l2.olla_max_db)
+            avg = torch.lerp(avg, tx.tb_bytes, 1.0 - l2.pf_beta)
+            known, outstanding, left = buffer_report(known, outstanding, gr.tbs, tx)
             if self._has_occasion[s % l2.sr_period_slots]:
-                is_occ = self._sr_occasion[s % l2.sr_period_slots]
-                is_sr = is_occ & (left > 0) & (known <= 0) & (outstanding <= 0)
-                known = torch.where(is_sr, sr_bytes, known)
+                is_sr, known = scheduling_request(self._sr_occasion[s % l2.sr_period_slots], left, known,
+                                                  outstanding, self._sr_bytes)
             else:
                 is_sr = no_robots
 
-            # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now), on the
-            # subbands they leave free, PF subband by subband, up to what each robot needs.
-            pu = (s + K2) % P
-            need = mech.subbands_needed(torch.where(hq_active[pu], zero, known), cap, max_sb)
-            metric = se_est / avg.clamp(min=1e-3).unsqueeze(-1)
-            alloc = mech.pf_allocate(metric, need, ~hq_sb[pu].any(1), l2.pf_rounds, order, stop_early=host)
-            n_alloc = torch.count_nonzero(alloc, -1).to(dt)
-            eff_est = mech.effective_sinr_lin(x_est / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
-            mcs_new = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla, sel_db)
-            tbs_new = torch.floor(n_alloc * torch.take(tbs_per_sb, mcs_new))
-            gr_sb[gi] = alloc
-            gr_mcs[gi] = mcs_new
-            gr_tbs[gi] = tbs_new
-            known = (known - tbs_new).clamp(min=0)
-            outstanding = outstanding + tbs_new
+            # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now).
+            new, need, metric = grant(est, known, avg, olla, st.harq((s + K2) % P), l2.pf_rounds,
+                                      self._sel_db, self._tbs_per_sb, stop_early=host)
+            st.set_grant(s + K2, new)  # slot s + K2 lives where slot s did
+            known = (known - new.tbs).clamp(min=0)
+            outstanding = outstanding + new.tbs
 
-            for key, v in (("tx", is_tx), ("new", is_new), ("nack", nack), ("retx", is_retx), ("fail", fail),
-                           ("round", is_round), ("lost", is_lost), ("sr", is_sr)):
+            is_tx_by_slot.append(tx.is_tx)
+            for key, v in (("new", tx.is_new), ("nack", tx.nack), ("retx", tx.is_retx),
+                           ("fail", tx.fail), ("round", is_round), ("lost", is_lost), ("sr", is_sr)):
                 log[key].append(v)
             if self.trace is not None:
                 self.trace.append(dict(
-                    s=s, k=k, gain=gains[b_now % H].clone(), u=uniforms[k], is_new=is_new, is_retx=is_retx,
-                    nack=nack, fail=fail, ntx=ntx, tb_bytes=tb_bytes, content=content, sb=sb, mcs=mcs,
-                    bler=mech.bler(10.0 * torch.log10(acc), mcs, thr_db, l2.bler_slope_db),
-                    requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=alloc, need=need,
-                    tbs_grant=tbs_new, metric=metric, sendable=sendable, unsched=unsched.clone(),
+                    s=s, k=k, gain=gains[b_now % H].clone(), u=uniforms[k], is_new=tx.is_new,
+                    is_retx=tx.is_retx, nack=tx.nack, fail=tx.fail, ntx=tx.ntx, tb_bytes=tx.tb_bytes,
+                    content=tx.content, sb=tx.sb, mcs=tx.mcs,
+                    bler=mech.bler(10.0 * torch.log10(tx.acc), tx.mcs, self._thr_db, l2.bler_slope_db),
+                    requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=new.sb, need=need,
+                    tbs_grant=new.tbs, metric=metric, sendable=tx.sendable, unsched=unsched,
                     held=held.sum(0), olla_db=olla))
 
-        self._known, self._outstanding, self._olla_db, self._avg_thr = known, outstanding, olla, avg
         done_a = finish_slot >= 0
         bytes_ = torch.where(usable & ~done_a, bytes_, 0.0)
-        self._pending = bytes_ - unsched - held.sum(0)  # bytes in HARQ, carried to the next step
+        self.l2_state = dataclasses.replace(
+            st, pending=bytes_ - unsched - held.sum(0),  # bytes in HARQ, carried to the next step
+            rlc_cnt=rlc_cnt, round_slot=round_slot, known=known, outstanding=outstanding, olla_db=olla,
+            avg_thr=avg)
+        self._count(log)
+
+        # Back to the queue's layout.
+        ix = idx.clamp(max=A - 1)
+        valid = q.valid
+        return Service(
+            done=torch.gather(done_a, -1, ix) & valid,
+            finish_s=(torch.gather(finish_slot, -1, ix) + 1).to(self.dtype) * cfg.slot_s,
+            remaining=torch.gather(bytes_, -1, ix),
+            tx_time_s=torch.stack(is_tx_by_slot).sum(0).to(self.dtype) * cfg.slot_s,
+            lost=torch.gather(live & ~usable, -1, ix) & valid,
+        )
+
+    def _count(self, log: dict) -> None:
+        """Add the step's per-slot events to ``counters`` (``log``: lists of ``[E, R]`` or ``[E, R, A]``
+        bool)."""
         st = {key: torch.stack(v) for key, v in log.items()}
         c = self.counters
         c["tx_first"] += st["new"].sum(0)
@@ -416,19 +643,3 @@ class NetL2Legacy(DiscreteLevel):
         c["rlc_retx"] += st["round"].sum((0, 3))
         c["rlc_lost"] += st["lost"].sum((0, 3))
         c["sr"] += st["sr"].sum(0)
-
-        # Back to the queue's layout.
-        ix = idx.clamp(max=A - 1)
-        return Service(
-            done=torch.gather(done_a, -1, ix) & valid,
-            finish_s=(torch.gather(finish_slot, -1, ix) + 1).to(dt) * cfg.slot_s,
-            remaining=torch.gather(bytes_, -1, ix),
-            tx_time_s=st["tx"].sum(0).to(dt) * cfg.slot_s,
-            lost=torch.gather(live & ~usable, -1, ix) & valid,
-        )
-
-    def _shift_ages(self) -> None:
-        """Every message is one step older: index ``j`` moves to ``j - 1``; the newest slot is empty."""
-        for name in ("_pending", "_held", "_rlc_cnt", "_round_slot", "_hq_content"):
-            x = getattr(self, name)
-            setattr(self, name, torch.cat([x[..., 1:], torch.zeros_like(x[..., :1])], -1))

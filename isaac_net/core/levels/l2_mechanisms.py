@@ -1,4 +1,4 @@
-"""The mechanisms of L2-legacy as small pure functions (DESIGN.md §2 "L2-legacy").
+"""The mechanisms of L2-legacy as small pure functions (docs/design.md §2 "L2-legacy").
 
 Each one takes tensors and returns tensors, with no engine state, so that it can be
 tested alone. The level (:mod:`isaac_net.core.levels.l2_legacy`) strings them together

@@ -1,4 +1,4 @@
-"""QA (NetQA): one processor-sharing interval per control step (DESIGN.md §2)."""
+"""QA (NetQA): one processor-sharing interval per control step (docs/design.md §2)."""
 
 from __future__ import annotations
 

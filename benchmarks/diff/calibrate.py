@@ -1,0 +1,271 @@
+"""Calibration of L1D and QAD (mean-field and relaxed sends) to L2-legacy, in three parts:
+
+* ``targets`` (one job per point set: ``train``, ``heldout``, ``sweep``): L2-legacy KPIs at
+  each operating point of the set (``isaac_net.core.diff.calibrate.measure``);
+* ``fit`` (one job per model): the constants by grid search and Nelder-Mead on the training
+  targets, the held-out loss, and the model's KPIs on the load sweep uncalibrated and
+  calibrated (``calibrate.fit``);
+* ``merge``: the calibration file ``calibration.json`` (loadable with
+  ``Calibration.load(path, mode=, sends=)``) with a summary, a table and the figure of
+  L2-legacy against the uncalibrated and calibrated models across load.
+"""
+
+import json
+import time
+
+import torch
+
+try:
+    from _common import cell_config, run
+except ImportError:  # imported as benchmarks.diff.calibrate (tests)
+    from benchmarks.diff._common import cell_config, run
+
+KPI_LABEL = {
+    "mean_delay": "delay",
+    "delivery_ratio": "delivery",
+    "mean_aoi": "AoI",
+    "mean_energy_j": "energy",
+}
+
+
+def point_sets(params: dict) -> dict:
+    """The operating points of each set: ``train``, ``heldout`` and ``sweep`` (p x sizes x tx)."""
+    from isaac_net.core.diff import calibrate
+
+    def grid(g):
+        return calibrate.product_grid(g["p"], g["sizes_bytes"], g["tx_dbm"])
+
+    return {"train": grid(params["grid"]), "heldout": grid(params["heldout"]), "sweep": grid(params["sweep"])}
+
+
+def _problem(params: dict, part: str):
+    from isaac_net.core.diff import calibrate
+
+    # Each set has its own positions and sends: seed, seed + 1 (held out), seed + 2 (sweep).
+    offset = {"train": 0, "heldout": 1, "sweep": 2}[part]
+    return calibrate.problem(
+        point_sets(params)[part],
+        R=int(params["R"]),
+        area_m=params["area_m"],
+        envs=int(params["envs"]),
+        T=int(params["T"]),
+        warmup=int(params["warmup"]),
+        seed=int(params["seed"]) + offset,
+        dtype=getattr(torch, params["dtype"]),
+    ), offset
+
+
+def targets(stage, params: dict, out: dict, part: str) -> None:
+    """L2-legacy KPIs at the points of one set."""
+    from isaac_net.core.diff import calibrate
+
+    prob, offset = _problem(params, part)
+    t0 = time.perf_counter()
+    kpis = calibrate.measure(
+        prob,
+        level=params["level"],
+        cfg=cell_config(params.get("cell", {})),
+        seed=int(params["seed"]) + offset,
+    )
+    print(
+        f"[calibrate] {part}: {len(prob.points)} points x {prob.envs} envs "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
+    stage.write_json(
+        out["json"], {"part": part, "points": prob.points, "kpis": {k: v.tolist() for k, v in kpis.items()}}
+    )
+
+
+def _kpis(path: str) -> dict:
+    data = json.loads(open(path).read())
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in data["kpis"].items()}
+
+
+def fit(stage, params: dict, out: dict, model: str) -> None:
+    """Fit one model's constants; its KPIs on the sweep, uncalibrated and calibrated."""
+    from isaac_net.core.diff import calibrate
+
+    mode, sends = model.split("_", 1)
+    cfg = cell_config(params.get("cell", {}))
+    sets = point_sets(params)
+    t0 = time.perf_counter()
+    cal = calibrate.fit(
+        mode,
+        sends,
+        level=params["level"],
+        grid=sets["train"],
+        heldout=sets["heldout"],
+        R=int(params["R"]),
+        area_m=params["area_m"],
+        envs=int(params["envs"]),
+        model_envs=int(params["model_envs"]),
+        T=int(params["T"]),
+        warmup=int(params["warmup"]),
+        tau=float(params["tau"]),
+        lam=float(params["lam"]),
+        seed=int(params["seed"]),
+        cfg=cfg,
+        search=params.get("search"),
+        targets=_kpis(out["train"]),
+        heldout_targets=_kpis(out["heldout"]),
+        progress=True,
+        provenance={"stage": stage.name, "profile": stage.profile},
+    )
+    wall_fit = time.perf_counter() - t0
+    sweep, _ = _problem(params, "sweep")
+    sweep = sweep.first(int(params["model_envs"]))
+    curves = {}
+    for name, c in (("uncalibrated", cfg), ("calibrated", cal.apply(cfg))):
+        k = calibrate.model_kpis(mode, sends, sweep, c, tau=float(params["tau"]), lam=float(params["lam"]))
+        curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
+    stage.write_json(
+        out["json"], {"model": model, "calibration": cal.to_dict(), "sweep": curves, "wall_fit_s": wall_fit}
+    )
+
+
+def merge(stage, params: dict, out: dict) -> None:
+    """The calibration file, its summary and table, and the figure."""
+    from isaac_net.core.diff import calibrate
+
+    fits = [json.loads(open(p).read()) for p in out["fits"]]
+    sweep_l2 = json.loads(open(out["sweep"]).read())
+    table, summary = (
+        [],
+        {
+            "models": len(fits),
+            "grid_points": len(fits[0]["calibration"]["grid"]),
+            "heldout_points": len(fits[0]["calibration"]["heldout_grid"]),
+            "envs_per_point": int(params["envs"]),
+            "model_envs_per_point": int(params["model_envs"]),
+            "R": int(params["R"]),
+            "T": int(params["T"]),
+            "warmup": int(params["warmup"]),
+            "tau": float(params["tau"]),
+            "lam": float(params["lam"]),
+            "area_lo_m": float(params["area_m"][0]),
+            "area_hi_m": float(params["area_m"][1]),
+        },
+    )
+    for f in fits:
+        c = f["calibration"]
+        table.append(
+            {
+                "model": f"{c['mode']}D {c['sends'].replace('_', '-')}",
+                "mode": c["mode"],
+                "sends": c["sends"],
+                "rate_factor": c["rate_factor"],
+                "snr_offset_db": c["snr_offset_db"],
+                "sr_field": calibrate.sr_field(c["mode"]),
+                "sr_slots": c["sr_slots"],
+                "train_loss_uncalibrated": c["uncalibrated_train_loss"],
+                "train_loss": c["train_loss"],
+                "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"],
+                "heldout_loss": c["heldout_loss"],
+                "evaluations": c["setup"]["evaluations"],
+                "wall_fit_s": f["wall_fit_s"],
+            }
+        )
+    # The load sweep of the figure, as a third check of the fit: its mean point loss per model.
+    l2 = {k: torch.tensor(v, dtype=torch.float64) for k, v in sweep_l2["kpis"].items()}
+    for r, f in zip(table, fits, strict=True):
+        for name in ("uncalibrated", "calibrated"):
+            curve = {k: torch.tensor(v, dtype=torch.float64) for k, v in f["sweep"][name].items()}
+            key = "sweep_loss" if name == "calibrated" else "sweep_loss_uncalibrated"
+            r[key] = float(calibrate.point_loss(curve, l2).mean())
+    summary["all_improve_sweep"] = all(r["sweep_loss"] < r["sweep_loss_uncalibrated"] for r in table)
+    summary["sweep_points"] = len(sweep_l2["points"])
+    summary["worst_heldout_loss"] = max(r["heldout_loss"] for r in table)
+    summary["all_improve_heldout"] = all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in table)
+    sweep = {
+        "points": sweep_l2["points"],
+        "L2-legacy": sweep_l2["kpis"],
+        "models": {f["model"]: f["sweep"] for f in fits},
+    }
+    fig_name = None
+    if "figure" in out:
+        figure(sweep, out["figure"])
+        fig_name = out["figure"].rsplit("/", 1)[-1]
+    payload = {
+        "format": calibrate.FORMAT,
+        "version": calibrate.VERSION,
+        "calibrations": [f["calibration"] for f in fits],
+        "summary": summary,
+        "table": table,
+        "sweep": sweep,
+        **({"figure": fig_name} if fig_name else {}),
+    }
+    stage.write_json(out["json"], payload)
+
+
+def figure(sweep: dict, path: str) -> None:
+    """Delay, delivery and AoI against p for each message size of the sweep: L2-legacy (black)
+    against each model uncalibrated (dashed) and calibrated (solid)."""
+    try:
+        from _plots import save
+    except ImportError:
+        from benchmarks.diff._plots import save
+    import matplotlib.pyplot as plt
+
+    pts = sweep["points"]
+    sizes = sorted({p[1] for p in pts})
+    kpis = ("mean_delay", "delivery_ratio", "mean_aoi")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(
+        len(sizes), len(kpis), figsize=(4.2 * len(kpis), 3.2 * len(sizes)), squeeze=False
+    )
+    for i, size in enumerate(sizes):
+        idx = [j for j, p in enumerate(pts) if p[1] == size]
+        ps = [pts[j][0] for j in idx]
+        for ax, k in zip(axes[i], kpis, strict=True):
+            ax.plot(ps, [sweep["L2-legacy"][k][j] for j in idx], "k-o", ms=3, lw=1.6, label="L2-legacy")
+            for m, (model, curves) in enumerate(sweep["models"].items()):
+                col = colors[m % len(colors)]
+                label = model.replace("_", "D ", 1).replace("mean_field", "mean-field")
+                ax.plot(
+                    ps,
+                    [curves["uncalibrated"][k][j] for j in idx],
+                    ls="--",
+                    lw=0.9,
+                    color=col,
+                    label=f"{label}, uncalibrated",
+                )
+                ax.plot(
+                    ps,
+                    [curves["calibrated"][k][j] for j in idx],
+                    ls="-",
+                    lw=1.2,
+                    color=col,
+                    label=f"{label}, calibrated",
+                )
+            ax.set_xlabel("send probability p")
+            ax.set_ylabel(
+                {
+                    "mean_delay": "mean delay, steps",
+                    "delivery_ratio": "delivery ratio",
+                    "mean_aoi": "mean AoI, steps",
+                }[k]
+            )
+            if k != "delivery_ratio":
+                ax.set_yscale("log")
+            ax.set_title(f"{KPI_LABEL[k]}, {size / 1000:g} kB messages", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=6, ncol=1)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def main(stage, params: dict, out: dict, part: str | None = None) -> None:
+    """Calibration of the fluid models to L2-legacy (parts: targets-<set>, fit-<model>, merge)."""
+    kind, _, arg = (part or "").partition("-")
+    if kind == "targets":
+        targets(stage, params, out, arg)
+    elif kind == "fit":
+        fit(stage, params, out, arg)
+    elif kind == "merge":
+        merge(stage, params, out)
+    else:
+        raise ValueError(f"part: expected targets-<set>, fit-<model> or merge, got {part!r}")
+
+
+if __name__ == "__main__":
+    run(main, globals().get("snakemake"))

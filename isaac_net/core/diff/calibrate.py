@@ -1,0 +1,622 @@
+"""Calibration of the fluid models (L1D, QAD) to the packet level (L2-legacy).
+
+L1D and QAD share L2-legacy's physics but not its effective capacity or latency: HARQ,
+BLER, OLLA, MCS quantisation, per-subband PF and fading cost L2-legacy capacity, and the
+SR/BSR timeline and grant delays give it a latency floor. Their gradients are then
+gradients of another operating point. A calibration fits three effective constants of
+:class:`~isaac_net.core.config.CellConfig` per model (``mode``) and send relaxation (``sends``):
+
+* ``rate_factor``: a capacity factor on the bytes a backlogged robot is served;
+* ``snr_offset_db``: added to the SNR that sets the spectral efficiency (and QA's headroom
+  cap); the transmit energy keeps the true power;
+* the latency floor, ``l1_sr_slots`` for L1D and ``qa_sr_slots`` for QAD (``sr_slots`` here).
+
+The fit is forward-only and robust: with mean-field sends near critical load the KPI
+gradients with respect to the constants reach 1e9, so a gradient-only fit diverges.
+A coarse grid over the three constants is evaluated in a few batched rollouts (the
+candidates' capacity factor and SNR offset enter exactly through the inputs: bytes
+``B / rate_factor`` and SNR ``snr_db + offset`` give the same service as the constants),
+then the best latency floors are refined with Nelder-Mead on (log rate_factor, offset)
+with the constants themselves. The loss per operating point is the squared log error of
+delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``) plus the delivery-ratio
+error in units of 0.1; it is fitted on a training grid and reported on held-out points.
+
+Usage::
+
+    from isaac_net.core.diff import calibrate
+    cal = calibrate.fit("L1", "relaxed", grid=calibrate.product_grid([0.1, 0.4, 0.8], [6e3, 30e3], [23.0]),
+                        R=8)
+    cfg = cal.apply(CellConfig())          # a CellConfig for DiffFluid(..., cfg=cfg)
+    cal.save("calibration.json")
+    cal = calibrate.Calibration.load("calibration.json", mode="L1", sends="relaxed")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from isaac_net.core import radio
+from isaac_net.core.config import CellConfig
+from isaac_net.core.diff.model import MODES, DiffFluid
+from isaac_net.core.diff.reference import discrete_rollout
+from isaac_net.core.diff.rollout import rollout
+from isaac_net.core.kpi import MIN_COUNT_MSGS
+from isaac_net.core.levels import L2LegacyConfig
+
+FORMAT = "isaac_net.calibration"
+VERSION = 1
+SENDS = ("mean_field", "relaxed")
+KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
+# Weights of the loss terms: squared log errors of delay, AoI, energy; delivery error in units of 0.1.
+LOSS_WEIGHTS = {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5, "delivery_ratio": 1.0}
+DELIVERY_UNIT = 0.1
+# The coarse search grid: capacity factors, SNR offsets (dB) and latency floors (slots) per mode.
+SEARCH = {
+    "rate_factor": (0.3, 0.45, 0.6, 0.8, 1.0),
+    "snr_offset_db": (-12.0, -8.0, -4.0, 0.0, 4.0),
+    "sr_slots": {"L1": (0, 8, 16, 24, 32), "QA": (0, 8, 16, 24, 32)},
+    "refine_top": 2,  # latency floors refined by Nelder-Mead
+    "refine_evals": 30,  # loss evaluations per refinement
+}
+
+
+def sr_field(mode: str) -> str:
+    """The ``CellConfig`` field of the latency floor of ``mode``."""
+    return {"L1": "l1_sr_slots", "QA": "qa_sr_slots"}[mode]
+
+
+def product_grid(p, msg_bytes, tx_dbm) -> tuple:
+    """Operating points ``(p, msg_bytes, tx_dbm)``, the product of the three lists."""
+    return tuple((float(a), float(b), float(c)) for a, b, c in itertools.product(p, msg_bytes, tx_dbm))
+
+
+# ---------------------------------------------------------------------------- targets
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The inputs of the operating points, batched as envs: point ``i`` is envs
+    ``[i * envs, (i + 1) * envs)``.
+
+    :field p, B, tx_dbm: ``[E, R]``; :field pos: ``[E, R, 2]`` m; :field u: ``[T, E, R]``.
+    """
+
+    points: tuple
+    envs: int
+    T: int
+    warmup: int
+    p: torch.Tensor
+    B: torch.Tensor
+    tx_dbm: torch.Tensor
+    pos: torch.Tensor
+    u: torch.Tensor
+
+    def first(self, n: int) -> "Problem":
+        """The first ``n`` envs of every point (the model's share of the target's envs)."""
+        if n >= self.envs:
+            return self
+        idx = torch.arange(len(self.points) * self.envs).view(len(self.points), self.envs)[:, :n].reshape(-1)
+        return dataclasses.replace(
+            self,
+            envs=n,
+            p=self.p[idx],
+            B=self.B[idx],
+            tx_dbm=self.tx_dbm[idx],
+            pos=self.pos[idx],
+            u=self.u[:, idx],
+        )
+
+
+def problem(
+    points,
+    *,
+    R: int,
+    area_m=(40.0, 140.0),
+    envs: int = 16,
+    T: int = 60,
+    warmup: int = 10,
+    seed: int = 0,
+    dtype=torch.float32,
+) -> Problem:
+    """Positions uniform in ``area_m`` squared and send uniforms for each point, from one seeded
+    generator (the same on every machine)."""
+    points = tuple(tuple(float(v) for v in pt) for pt in points)
+    if not points:
+        raise ValueError("points: expected at least one operating point (p, msg_bytes, tx_dbm)")
+    for pt in points:
+        if len(pt) != 3 or not (0 <= pt[0] <= 1) or pt[1] <= 0:
+            raise ValueError(f"points: expected (p in [0, 1], msg_bytes > 0, tx_dbm), got {pt}")
+    lo, hi = (float(a) for a in area_m)
+    if not (0 <= lo < hi):
+        raise ValueError(f"area_m: expected [low, high] with 0 <= low < high, got {list(area_m)}")
+    g = torch.Generator().manual_seed(int(seed))
+    n = len(points)
+    E = n * envs
+    per_env = torch.tensor(points, dtype=dtype).repeat_interleave(envs, 0)  # [E, 3]
+    return Problem(
+        points,
+        envs,
+        T,
+        warmup,
+        p=per_env[:, :1].expand(E, R).contiguous(),
+        B=per_env[:, 1:2].expand(E, R).contiguous(),
+        tx_dbm=per_env[:, 2:].expand(E, R).contiguous(),
+        pos=lo + (hi - lo) * torch.rand(E, R, 2, generator=g, dtype=dtype),
+        u=torch.rand(T, E, R, generator=g, dtype=dtype),
+    )
+
+
+def group_kpis(res: dict, n_groups: int) -> dict:
+    """Batch KPIs ``[n_groups]`` of consecutive groups of envs from a rollout's per-robot results,
+    defined as the rollout's batch means (``kpi.KpiAccumulator``): delay and delivery totals over
+    totals with the denominator floored at ``kpi.MIN_COUNT_MSGS``, AoI and energy means."""
+
+    def grp(x):
+        return x.reshape(n_groups, -1)
+
+    delivered, offered = grp(res["delivered"]).sum(-1), grp(res["offered"]).sum(-1)
+    return {
+        "mean_delay": grp(res["delay_sum"]).sum(-1) / delivered.clamp_min(MIN_COUNT_MSGS),
+        "delivery_ratio": delivered / offered.clamp_min(MIN_COUNT_MSGS),
+        "mean_aoi": grp(res["aoi"]).mean(-1),
+        "mean_energy_j": grp(res["energy_j"]).mean(-1),
+    }
+
+
+def measure(
+    prob: Problem,
+    *,
+    level: str = "L2-legacy",
+    cfg: CellConfig | None = None,
+    l2_cfg: L2LegacyConfig | None = None,
+    seed: int = 0,
+) -> dict:
+    """KPIs ``{kpi: [n_points]}`` (float64) of the discrete level at each operating point."""
+    kwargs = {"l2_cfg": l2_cfg} if level == "L2-legacy" and l2_cfg is not None else {}
+    res = discrete_rollout(
+        level,
+        prob.T,
+        prob.p,
+        prob.B,
+        pos=prob.pos,
+        tx_dbm=prob.tx_dbm,
+        warmup=prob.warmup,
+        u=prob.u,
+        cfg=cfg,
+        dtype=prob.p.dtype,
+        seed=seed,
+        **kwargs,
+    )
+    return {k: v.double() for k, v in group_kpis(res, len(prob.points)).items()}
+
+
+# ---------------------------------------------------------------------------- the model side
+def model_kpis(
+    mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float, candidates=None
+) -> dict:
+    """KPIs ``{kpi: [n_cand, n_points]}`` of the model at each point, forward only.
+
+    ``candidates``: ``[(rate_factor, snr_offset_db)]`` applied exactly through the inputs
+    (bytes ``B / rate_factor``, SNR ``snr_db + offset`` with the energy at the true power) in one
+    batched rollout on top of ``cfg``; None: ``cfg`` alone (one candidate).
+    """
+    cands = [(1.0, 0.0)] if candidates is None else list(candidates)
+    n = len(cands)
+    dt = prob.p.dtype
+    eta = torch.tensor([c[0] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
+    off = torch.tensor([c[1] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
+    snr = radio.snr_db(prob.pos, prob.tx_dbm, cfg).repeat(n, 1) + off
+    E, R = snr.shape
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=dt)
+    with torch.no_grad():
+        res = rollout(
+            net,
+            prob.T,
+            prob.p.repeat(n, 1),
+            prob.B.repeat(n, 1) / eta,
+            snr_db=snr,
+            tx_dbm=prob.tx_dbm.repeat(n, 1),
+            warmup=prob.warmup,
+            sends=sends,
+            u=prob.u.repeat(1, n, 1) if sends != "mean_field" else None,
+            lam=lam,
+        )
+    return {k: v.double().view(n, -1) for k, v in group_kpis(res, n * len(prob.points)).items()}
+
+
+def point_loss(model: dict, target: dict) -> torch.Tensor:
+    """Loss per point ``[..., n_points]``: squared log errors of delay, AoI and energy plus the
+    delivery error in units of ``DELIVERY_UNIT``, weighted by ``LOSS_WEIGHTS``. A model that
+    delivers nothing where the target does has an infinite loss."""
+    loss = (
+        LOSS_WEIGHTS["delivery_ratio"]
+        * ((model["delivery_ratio"] - target["delivery_ratio"]) / DELIVERY_UNIT) ** 2
+    )
+    for k in ("mean_delay", "mean_aoi", "mean_energy_j"):
+        loss = loss + LOSS_WEIGHTS[k] * (torch.log(model[k]) - torch.log(target[k])) ** 2
+    return torch.where(torch.isfinite(loss), loss, math.inf)
+
+
+def _loss(model: dict, target: dict) -> torch.Tensor:
+    """Mean loss over the points ``[...]``."""
+    return point_loss(model, target).mean(-1)
+
+
+# ---------------------------------------------------------------------------- the calibration
+_WARNED: set = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Effective constants of one model (``mode``, ``sends``) fitted to L2-legacy, and what they
+    were fitted for. Frozen; build with :func:`fit` or :meth:`load`.
+
+    :field rate_factor, snr_offset_db, sr_slots: the constants (``sr_slots``: ``l1_sr_slots``
+        for L1D, ``qa_sr_slots`` for QAD).
+    :field train_loss, heldout_loss: mean point loss on the training grid and on the held-out
+        points (None without them), calibrated; ``uncalibrated_*``: the same for the plain model.
+    :field grid, heldout_grid: the points ``(p, msg_bytes, tx_dbm)``.
+    :field R, area_m: robots per cell and the square of the positions, m.
+    :field cell, l2_config: the ``CellConfig`` the constants apply to and the ``L2LegacyConfig``
+        they were fitted against, as dicts.
+    :field setup: the fit's settings (T, warmup, tau, lam, envs, seed, search grid, loss weights).
+    """
+
+    mode: str
+    sends: str
+    rate_factor: float
+    snr_offset_db: float
+    sr_slots: int
+    train_loss: float
+    heldout_loss: float | None
+    uncalibrated_train_loss: float
+    uncalibrated_heldout_loss: float | None
+    grid: tuple
+    heldout_grid: tuple
+    R: int
+    area_m: tuple
+    cell: dict
+    l2_config: dict
+    setup: dict
+    provenance: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def constants(self) -> dict:
+        """The ``CellConfig`` fields this calibration sets, by name."""
+        return {
+            "rate_factor": self.rate_factor,
+            "snr_offset_db": self.snr_offset_db,
+            sr_field(self.mode): self.sr_slots,
+        }
+
+    def apply(
+        self,
+        cfg: CellConfig | None = None,
+        *,
+        R: int | None = None,
+        area_m=None,
+        l2_config: L2LegacyConfig | None = None,
+    ) -> CellConfig:
+        """``cfg`` (default ``CellConfig()``) with this calibration's constants.
+
+        Name what it is used for to have it checked: another ``R`` or ``area_m`` than fitted for
+        is allowed and warns once (the held-out points measure how well it transfers); a cell
+        that differs in other constants warns once too; another ``l2_config`` than it was fitted
+        against is refused (``ValueError``).
+        """
+        cfg = CellConfig() if cfg is None else cfg
+        if not isinstance(cfg, CellConfig):
+            raise TypeError(f"cfg: expected a CellConfig, got {type(cfg).__name__}")
+        if l2_config is not None:
+            if not isinstance(l2_config, L2LegacyConfig):
+                raise TypeError(f"l2_config: expected an L2LegacyConfig, got {type(l2_config).__name__}")
+            theirs = _jsonable(dataclasses.asdict(l2_config))
+            if theirs != self.l2_config:
+                diff = sorted(k for k in theirs if theirs[k] != self.l2_config.get(k))
+                raise ValueError(
+                    f"l2_config: this calibration ({self.mode}, {self.sends}) was fitted against "
+                    f"another L2LegacyConfig (differs in {', '.join(diff)}); refit it"
+                )
+        differs = []
+        if R is not None and int(R) != self.R:
+            differs.append(f"R = {R} (fitted for {self.R})")
+        if area_m is not None and tuple(float(a) for a in area_m) != tuple(self.area_m):
+            differs.append(f"area_m = {list(area_m)} (fitted for {list(self.area_m)})")
+        mine = {k: v for k, v in _jsonable(dataclasses.asdict(cfg)).items() if k not in _CALIBRATED_FIELDS}
+        base = {k: v for k, v in self.cell.items() if k not in _CALIBRATED_FIELDS}
+        cell_diff = sorted(k for k in mine if mine[k] != base.get(k))
+        if cell_diff:
+            differs.append(f"cell constants {', '.join(cell_diff)} differ from those fitted on")
+        key = (self.mode, self.sends, self.rate_factor, self.snr_offset_db, self.sr_slots, tuple(differs))
+        if differs and key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(
+                f"calibration ({self.mode}, {self.sends}) used outside what it was fitted for: "
+                + "; ".join(differs),
+                stacklevel=2,
+            )
+        return dataclasses.replace(cfg, **self.constants)
+
+    def to_dict(self) -> dict:
+        return _jsonable(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "the dict") -> "Calibration":
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in d and n != "provenance"]
+        if missing:
+            raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
+        kw = {n: d[n] for n in names if n in d}
+        kw["grid"] = tuple(tuple(pt) for pt in kw["grid"])
+        kw["heldout_grid"] = tuple(tuple(pt) for pt in kw["heldout_grid"])
+        kw["area_m"] = tuple(kw["area_m"])
+        return cls(**kw)
+
+    def save(self, path) -> None:
+        """Write this calibration into the calibration file ``path``, replacing an entry of the same
+        ``(mode, sends)`` and keeping the others (a new file when there is none)."""
+        path = Path(path)
+        entries = _read_file(path) if path.exists() else []
+        entries = [e for e in entries if (e["mode"], e["sends"]) != (self.mode, self.sends)] + [
+            self.to_dict()
+        ]
+        save_all(path, entries)
+
+    @classmethod
+    def load(cls, path, *, mode: str, sends: str) -> "Calibration":
+        """The calibration of ``(mode, sends)`` from the calibration file ``path``."""
+        _check_model(mode, sends)
+        entries = _read_file(Path(path))
+        for e in entries:
+            if (e.get("mode"), e.get("sends")) == (mode, sends):
+                return cls.from_dict(e, str(path))
+        have = ", ".join(f"({e.get('mode')}, {e.get('sends')})" for e in entries) or "none"
+        raise ValueError(f"{path}: no calibration for mode={mode!r}, sends={sends!r}; the file holds: {have}")
+
+
+_CALIBRATED_FIELDS = ("rate_factor", "snr_offset_db", "l1_sr_slots", "qa_sr_slots")
+
+
+def save_all(path, calibrations) -> None:
+    """Write several calibrations (``Calibration`` or their dicts) as one calibration file."""
+    entries = [c.to_dict() if isinstance(c, Calibration) else c for c in calibrations]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(
+        json.dumps({"format": FORMAT, "version": VERSION, "calibrations": entries}, indent=1, allow_nan=False)
+        + "\n"
+    )
+
+
+def _read_file(path: Path) -> list:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such calibration file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a calibration file (not readable JSON: {err})") from None
+    if not (isinstance(data, dict) and data.get("format") == FORMAT):
+        raise ValueError(f"{path}: not a calibration file (expected a JSON object with format {FORMAT!r})")
+    if data.get("version") != VERSION or not isinstance(data.get("calibrations"), list):
+        raise ValueError(
+            f"{path}: calibration file version {data.get('version')!r}; this library reads "
+            f"version {VERSION} with a list 'calibrations'"
+        )
+    return data["calibrations"]
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _check_model(mode, sends) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if sends not in SENDS:
+        raise ValueError(f"sends: expected one of {', '.join(SENDS)}, got {sends!r}")
+
+
+# ---------------------------------------------------------------------------- the fit
+def fit(
+    mode: str,
+    sends: str,
+    *,
+    level: str = "L2-legacy",
+    grid,
+    heldout=(),
+    R: int = 8,
+    area_m=(40.0, 140.0),
+    envs: int = 16,
+    model_envs: int = 4,
+    T: int = 60,
+    warmup: int = 10,
+    tau: float = 0.05,
+    lam: float = 0.1,
+    seed: int = 0,
+    cfg: CellConfig | None = None,
+    l2_cfg: L2LegacyConfig | None = None,
+    search: dict | None = None,
+    targets: dict | None = None,
+    heldout_targets: dict | None = None,
+    progress: bool = False,
+    provenance: dict | None = None,
+) -> Calibration:
+    """Fit the constants of ``(mode, sends)`` to ``level``'s KPIs on the operating points ``grid``.
+
+    :param grid: training points ``(p, msg_bytes, tx_dbm)``; :param heldout: points never used
+        by the fit, where the held-out loss is measured (none: ``heldout_loss`` is None).
+    :param envs: cells per point on ``level`` (``envs`` seeds of positions and sends);
+        :param model_envs: the first ``model_envs`` of them run through the model.
+    :param targets, heldout_targets: ``level``'s KPIs from :func:`measure` on
+        ``problem(grid, ...)`` / ``problem(heldout, ...)`` with the same settings (computed here
+        when None; pass them to fit several models against one measurement).
+    :param search: overrides of ``SEARCH``.
+    """
+    _check_model(mode, sends)
+    if level != "L2-legacy":
+        raise ValueError(f"level: calibrations are fitted to 'L2-legacy', got {level!r}")
+    cfg = CellConfig() if cfg is None else cfg
+    if cfg.is_calibrated:
+        raise ValueError("cfg: expected the plain cell (no calibration constants) to fit on")
+    l2_cfg = L2LegacyConfig() if l2_cfg is None else l2_cfg
+    if not (isinstance(model_envs, int) and 1 <= model_envs <= envs):
+        raise ValueError(f"model_envs: expected an integer in [1, envs={envs}], got {model_envs!r}")
+    sp = {**SEARCH, **(search or {})}
+    floors = sp["sr_slots"][mode] if isinstance(sp["sr_slots"], dict) else sp["sr_slots"]
+    if any(not (0 <= int(L) <= cfg.num_slots) for L in floors):
+        raise ValueError(
+            f"search: latency floors must lie in [0, num_slots={cfg.num_slots}], got {list(floors)}"
+        )
+    kw = dict(R=R, area_m=area_m, envs=envs, T=T, warmup=warmup)
+    train = problem(grid, seed=seed, **kw)
+    if targets is None:
+        targets = measure(train, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed)
+    held = problem(heldout, seed=seed + 1, **kw) if heldout else None
+    if held is not None and heldout_targets is None:
+        heldout_targets = measure(held, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed + 1)
+    m_train = train.first(model_envs)
+    opts = dict(tau=tau, lam=lam)
+
+    def with_constants(eta, off, L):
+        return dataclasses.replace(
+            cfg, rate_factor=float(eta), snr_offset_db=float(off), **{sr_field(mode): int(L)}
+        )
+
+    # 1. Coarse grid: one batched rollout per latency floor.
+    cands = list(itertools.product(sp["rate_factor"], sp["snr_offset_db"]))
+    coarse = []
+    bar = _bar(floors, progress, f"calibrate {mode}D {sends}: grid")
+    for L in bar:
+        losses = _loss(
+            model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L), candidates=cands, **opts), targets
+        )
+        coarse += [(float(v), eta, off, int(L)) for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
+    coarse.sort(key=lambda r: r[0])
+
+    # 2. Refinement of the best latency floors with the constants themselves.
+    from scipy.optimize import minimize
+
+    best, tried = None, []
+    for L in list(dict.fromkeys(r[3] for r in coarse))[: int(sp["refine_top"])]:
+        start = next(r for r in coarse if r[3] == L)
+
+        def objective(z, L=L):
+            eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
+            value = float(
+                _loss(model_kpis(mode, sends, m_train, with_constants(eta, z[1], L), **opts), targets)[0]
+            )
+            tried.append((value, eta, float(z[1]), L))
+            return value if math.isfinite(value) else 1e12
+
+        res = minimize(
+            objective,
+            x0=[math.log(start[1]), start[2]],
+            method="Nelder-Mead",
+            options={
+                "maxfev": int(sp["refine_evals"]),
+                "xatol": 1e-3,
+                "fatol": 1e-4,
+                "initial_simplex": [
+                    [math.log(start[1]), start[2]],
+                    [math.log(start[1]) + 0.15, start[2]],
+                    [math.log(start[1]), start[2] + 1.5],
+                ],
+            },
+        )
+        cand = (
+            float(res.fun),
+            float(np.exp(np.clip(res.x[0], math.log(0.05), math.log(2.0)))),
+            float(res.x[1]),
+            L,
+        )
+        if progress:
+            print(
+                f"calibrate {mode}D {sends}: floor {L} slots -> loss {cand[0]:.4g} "
+                f"(rate factor {cand[1]:.3f}, offset {cand[2]:.2f} dB; {res.nfev} evaluations)",
+                flush=True,
+            )
+        if best is None or cand[0] < best[0]:
+            best = cand
+    train_loss, eta, off, L = best
+    fitted, plain = with_constants(eta, off, L), cfg
+
+    def loss_on(prob, tgt, c):
+        return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, **opts), tgt)[0])
+
+    uncal_train = loss_on(train, targets, plain)
+    heldout_loss = uncal_heldout = None
+    if held is not None:
+        heldout_loss = loss_on(held, heldout_targets, fitted)
+        uncal_heldout = loss_on(held, heldout_targets, plain)
+    setup = {
+        "level": level,
+        "T": T,
+        "warmup": warmup,
+        "tau": tau,
+        "lam": lam,
+        "envs": envs,
+        "model_envs": model_envs,
+        "seed": seed,
+        "search": {**sp, "sr_slots": list(floors)},
+        "loss_weights": LOSS_WEIGHTS,
+        "delivery_unit": DELIVERY_UNIT,
+        "evaluations": len(coarse) + len(tried),
+    }
+    prov = {
+        "torch": torch.__version__,
+        "fitted_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **(provenance or {}),
+    }
+    return Calibration(
+        mode=mode,
+        sends=sends,
+        rate_factor=eta,
+        snr_offset_db=off,
+        sr_slots=int(L),
+        train_loss=train_loss,
+        heldout_loss=heldout_loss,
+        uncalibrated_train_loss=uncal_train,
+        uncalibrated_heldout_loss=uncal_heldout,
+        grid=train.points,
+        heldout_grid=held.points if held is not None else (),
+        R=int(R),
+        area_m=tuple(float(a) for a in area_m),
+        cell=_jsonable(dataclasses.asdict(cfg)),
+        l2_config=_jsonable(dataclasses.asdict(l2_cfg)),
+        setup=_jsonable(setup),
+        provenance=prov,
+    )
+
+
+def _bar(items, progress: bool, desc: str):
+    if not progress:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, mininterval=2.0)
+
+
+__all__ = [
+    "Calibration",
+    "fit",
+    "group_kpis",
+    "measure",
+    "model_kpis",
+    "point_loss",
+    "problem",
+    "product_grid",
+    "save_all",
+    "sr_field",
+]

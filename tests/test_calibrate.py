@@ -1,0 +1,140 @@
+"""The calibration of the fluid models to L2-legacy (isaac_net.core.diff.calibrate): the fit
+recovers constants it can recover, improves held-out points, and the file and apply contracts."""
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+
+from isaac_net.core import CellConfig
+from isaac_net.core.diff import DiffFluid, calibrate
+from isaac_net.core.levels import L2LegacyConfig, make_engine
+
+GRID = calibrate.product_grid([0.3, 0.7], [8000.0, 24000.0], [23.0])
+HELD = calibrate.product_grid([0.5], [16000.0], [18.0])
+TINY = dict(R=4, envs=3, model_envs=2, T=12, warmup=3,
+            search={"rate_factor": (0.4, 0.7, 1.0), "snr_offset_db": (-6.0, 0.0), "sr_slots": {"L1": (0, 16),
+                    "QA": (4, 16)}, "refine_top": 1, "refine_evals": 6})
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """One QAD relaxed calibration on the tiny grid (L2-legacy targets measured once)."""
+    return calibrate.fit("QA", "relaxed", grid=GRID, heldout=HELD, **TINY)
+
+
+def test_candidates_through_the_inputs_equal_the_constants():
+    """The coarse grid's shortcut: bytes / rate_factor and SNR + offset give the KPIs of the constants."""
+    prob = calibrate.problem(GRID, R=4, envs=2, T=10, warmup=2, seed=3, dtype=torch.float64)
+    for mode in ("L1", "QA"):
+        cfg = dataclasses.replace(CellConfig(), **{calibrate.sr_field(mode): 8})
+        batched = calibrate.model_kpis(mode, "relaxed", prob, cfg, tau=0.05, lam=0.1,
+                                       candidates=[(1.0, 0.0), (0.6, -4.0)])
+        exact = calibrate.model_kpis(mode, "relaxed", prob, dataclasses.replace(cfg, rate_factor=0.6,
+                                                                                 snr_offset_db=-4.0),
+                                     tau=0.05, lam=0.1)
+        for k in calibrate.KPIS:
+            torch.testing.assert_close(batched[k][1], exact[k][0], rtol=1e-6, atol=1e-9)
+            assert not torch.allclose(batched[k][0], batched[k][1])  # the candidates do differ
+
+
+def test_fit_recovers_constants_from_a_calibrated_fluid_target():
+    """Targets made by the fluid model itself with known constants: the fit lands on them (loss ~ 0)."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16)
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
+                                                       dataclasses.replace(CellConfig(), **truth),
+                                                       tau=0.05, lam=0.1).items()}
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **{**TINY, "envs": 2})
+    assert cal.sr_slots == 16
+    assert cal.rate_factor == pytest.approx(0.7, rel=0.05)
+    assert cal.snr_offset_db == pytest.approx(-6.0, abs=0.5)
+    assert cal.train_loss < 1e-3 < cal.uncalibrated_train_loss
+    assert cal.heldout_loss is None
+
+
+def test_fit_improves_the_held_out_points(fitted):
+    assert fitted.train_loss < fitted.uncalibrated_train_loss
+    assert fitted.heldout_loss < fitted.uncalibrated_heldout_loss
+    assert fitted.grid == GRID and fitted.heldout_grid == HELD and fitted.R == 4
+    assert fitted.l2_config == json.loads(json.dumps(dataclasses.asdict(L2LegacyConfig())))
+
+
+def test_apply_gives_a_config_the_models_and_levels_accept(fitted):
+    cfg = fitted.apply(CellConfig(), R=4, area_m=(40.0, 140.0))
+    assert (cfg.rate_factor, cfg.snr_offset_db, cfg.qa_sr_slots) == (fitted.rate_factor, fitted.snr_offset_db,
+                                                                     fitted.sr_slots)
+    assert cfg.l1_sr_slots == 0  # a QA calibration leaves L1's floor alone
+    DiffFluid(2, 4, mode="QA", cfg=cfg)
+    make_engine("QA", 2, 4, cfg=cfg)
+    with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
+        make_engine("L2-legacy", 2, 4, cfg=dataclasses.replace(fitted.apply(), rate_factor=0.5))
+
+
+def test_save_load_several_and_clear_errors(fitted, tmp_path):
+    path = tmp_path / "cal.json"
+    fitted.save(path)
+    other = dataclasses.replace(fitted, mode="L1", sends="mean_field", rate_factor=0.5)
+    other.save(path)
+    fitted.save(path)  # replaces its own entry, keeps the other
+    data = json.loads(path.read_text())
+    assert [(e["mode"], e["sends"]) for e in data["calibrations"]] == [("L1", "mean_field"), ("QA", "relaxed")]
+    assert calibrate.Calibration.load(path, mode="QA", sends="relaxed") == fitted
+    assert calibrate.Calibration.load(path, mode="L1", sends="mean_field").rate_factor == 0.5
+    with pytest.raises(ValueError, match=r"no calibration for mode='L1', sends='relaxed'.*\(L1, mean_field\)"):
+        calibrate.Calibration.load(path, mode="L1", sends="relaxed")
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        calibrate.Calibration.load(path, mode="L3", sends="relaxed")
+    (tmp_path / "other.json").write_text(json.dumps({"summary": {}}))
+    with pytest.raises(ValueError, match="not a calibration file"):
+        calibrate.Calibration.load(tmp_path / "other.json", mode="QA", sends="relaxed")
+    (tmp_path / "garbage.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a calibration file"):
+        calibrate.Calibration.load(tmp_path / "garbage.json", mode="QA", sends="relaxed")
+    with pytest.raises(ValueError, match="no such calibration file"):
+        calibrate.Calibration.load(tmp_path / "missing.json", mode="QA", sends="relaxed")
+
+
+def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_config(fitted):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fitted.apply(CellConfig(), R=16, area_m=(100.0, 200.0))
+        fitted.apply(CellConfig(), R=16, area_m=(100.0, 200.0))
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1 and "R = 16 (fitted for 4)" in msgs[0] and "area_m" in msgs[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted.apply(CellConfig(), R=4, l2_config=L2LegacyConfig())  # what it was fitted for: silent
+    with pytest.raises(ValueError, match="l2_config: .*fitted against another L2LegacyConfig .*sr_period_slots"):
+        fitted.apply(CellConfig(), l2_config=L2LegacyConfig(sr_period_slots=20))
+    with pytest.raises(TypeError, match="cfg: expected a CellConfig"):
+        fitted.apply({"rate_factor": 1.0})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="L3"), "mode: expected one of"),
+    (dict(sends="binary"), "sends: expected one of"),
+    (dict(level="L1"), "level: calibrations are fitted to 'L2-legacy'"),
+    (dict(cfg=CellConfig(rate_factor=0.5)), "cfg: expected the plain cell"),
+    (dict(model_envs=5), r"model_envs: expected an integer in \[1, envs=3\]"),
+    (dict(search={"sr_slots": {"QA": (0, 99)}}), r"search: latency floors must lie in \[0, num_slots=40\]"),
+    (dict(grid=()), "points: expected at least one operating point"),
+    (dict(grid=((1.5, 1000.0, 23.0),)), "points: expected"),
+])
+def test_fit_refuses_bad_arguments(kwargs, match):
+    args = {"mode": "QA", "sends": "relaxed", "grid": GRID, **TINY, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        calibrate.fit(args.pop("mode"), args.pop("sends"), **args)
+
+
+def test_calibration_constants_are_validated():
+    for bad, match in ((dict(rate_factor=0.0), "rate_factor must be a finite number > 0"),
+                       (dict(rate_factor=True), "rate_factor must be a finite number > 0"),
+                       (dict(snr_offset_db=float("nan")), "snr_offset_db must be a finite number"),
+                       (dict(l1_sr_slots=41), r"l1_sr_slots must be an integer in \[0, num_slots\]"),
+                       (dict(l1_sr_slots=2.0), r"l1_sr_slots must be an integer")):
+        with pytest.raises(ValueError, match=match):
+            CellConfig(**bad)
+    assert not CellConfig().is_calibrated and CellConfig(l1_sr_slots=1).is_calibrated

@@ -1,0 +1,75 @@
+# Calibration of L1D and QAD (mean-field, relaxed) to L2-legacy (benchmarks/diff/calibrate.py):
+# L2-legacy targets per point set and one fit per model run as separate jobs, side by side
+# under --cores N or SLURM; the merge writes the calibration file the studies read.
+CALIBRATION_SETS = ("train", "heldout", "sweep")
+CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
+CALIBRATION_DIR = f"{RESULTS}/calibrate"
+
+
+rule calibrate_targets:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+    output:
+        json=f"{CALIBRATION_DIR}/targets_{{set}}.json",
+    params:
+        **stage_params("calibrate", drop=["search", "modes", "sends", "tau", "lam", "model_envs"]),
+        part=lambda wc: f"targets-{wc.set}",
+    wildcard_constraints:
+        set="|".join(CALIBRATION_SETS),
+    log:
+        f"{RESULTS}/logs/calibrate_targets_{{set}}.log",
+    benchmark:
+        f"{RESULTS}/bench/calibrate_targets_{{set}}.tsv"
+    threads: config["threads"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/calibrate.py"
+
+
+rule calibrate_fit:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        train=f"{CALIBRATION_DIR}/targets_train.json",
+        heldout=f"{CALIBRATION_DIR}/targets_heldout.json",
+    output:
+        json=f"{CALIBRATION_DIR}/fit_{{model}}.json",
+    params:
+        **stage_params("calibrate", drop=["modes", "sends"]),
+        part=lambda wc: f"fit-{wc.model}",
+    wildcard_constraints:
+        model="|".join(CALIBRATION_MODELS),
+    log:
+        f"{RESULTS}/logs/calibrate_fit_{{model}}.log",
+    benchmark:
+        f"{RESULTS}/bench/calibrate_fit_{{model}}.tsv"
+    threads: config["threads"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/calibrate.py"
+
+
+rule calibrate:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
+        sweep=f"{CALIBRATION_DIR}/targets_sweep.json",
+    output:
+        json=report(ARTIFACTS["calibration"], caption="../report/calibration.rst", category="calibration"),
+        figure=report(f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"),
+    params:
+        **stage_params("calibrate"),
+        part="merge",
+    log:
+        log_path("calibrate"),
+    benchmark:
+        bench_path("calibrate")
+    threads: 1
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/calibrate.py"
