@@ -170,4 +170,4 @@ def test_nn_proxy_study_reports_heldout_r2_per_kpi(tmp_path):
         assert f"heldout_r2_{k}" in s and f"heldout_mean_rel_err_{k}" in s
     assert s["reload_max_abs_diff"] == 0.0 and model.exists()
     assert len(out["table"]) == len(px.TARGETS) * 3
-    assert {"derivative", "proxy", "L2-legacy FD", "FD SE", "sign"} <= set(out["table"][0])
+    assert {"derivative", "proxy", "fd_mean", "fd_se", "sign_agree", "ratio", "ci"} <= set(out["table"][0])

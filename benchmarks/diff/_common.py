@@ -246,16 +246,12 @@ def rel_err(x: float, ref: float) -> float:
 
 
 def loglog_slope(xs, ys) -> float | None:
-    """Least-squares slope of log y against log x over the points with x, y > 0."""
+    """Least-squares slope of log y against log x over the points with x, y > 0 (``numpy.polyfit``)."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if x > 0 and y and y > 0]
-    if len(pts) < 2:
+    if len(pts) < 2 or len({p[0] for p in pts}) < 2:
         return None
-    mx = sum(p[0] for p in pts) / len(pts)
-    my = sum(p[1] for p in pts) / len(pts)
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    if sxx == 0:
-        return None
-    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+    lx, ly = zip(*pts, strict=True)
+    return float(np.polyfit(lx, ly, 1)[0])
 
 
 def ratio_ci(model: np.ndarray, ref: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple:
