@@ -8,14 +8,13 @@ reads the values the forward kept) and applies the adjoint equations written bel
 It is checked against autograd of the same recursion (``model._l1_slot``) in float64 by
 the tests.
 
-Per slot ``k`` (``c`` is ``[E, R, A]``, cell quantities ``[E, 1]``, the rest ``[E, R]``; the
-latency floor's gate ``g`` is the robot's ``1 - soft_empty`` in the first ``L`` slots and 1 after):
+Per slot ``k`` (``c`` is ``[E, R, A]``, cell quantities ``[E, 1]``, the rest ``[E, R]``):
 
 .. math::
-    m = \sum_a w_a (1 - c_a),\ b = \mathrm{smin}(m, 1),\ n = \sum_r g\,b,\
+    m = \sum_a w_a (1 - c_a),\ b = \mathrm{smin}(m, 1),\ n = \sum_r b,\
     sh = S / \mathrm{smax}(n, 1),\ q = \log_2(1 + \mathrm{snr} / \mathrm{smax}(sh, 1)),\
-    se = \mathrm{smin}(q, se_{max}),\ served \mathrel{+}= \kappa\, g\, sh\, se,\
-    tx \mathrel{+}= g\, b\, \mathrm{smin}(sh, 1),\ csum \mathrel{+}= c,\
+    se = \mathrm{smin}(q, se_{max}),\ served \mathrel{+}= \kappa\, sh\, se,\
+    tx \mathrel{+}= b\, \mathrm{smin}(sh, 1),\ csum \mathrel{+}= c,\
     c \leftarrow \sigma(\log(served) / \tau - \log(cum) / \tau).
 """
 
@@ -44,28 +43,23 @@ TAPE = ("b", "db", "N", "dN", "sh", "H", "dH", "dsv", "se", "s1", "ds1")
 TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` before the slot
 
 
-def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True, gate=None):
+def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
     """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
-    without ``deriv``; ``b`` before the gate) and ``served`` after it. ``gate``: ``[R, E]`` the
-    latency floor's weight in this slot, or None (1)."""
+    without ``deriv``) and ``served`` after it."""
     m = (w * (1.0 - c)).sum(0)
     b, db = smin1_vjp(m, tau, deriv=deriv)
-    bg = b if gate is None else b * gate
-    N, dN = smax1_vjp(bg.sum(0, keepdim=True), tau, deriv=deriv)
+    N, dN = smax1_vjp(b.sum(0, keepdim=True), tau, deriv=deriv)
     sh = num_subbands / N
     H, dH = smax1_vjp(sh, tau, deriv=deriv)
     q = torch.log2(1.0 + snr_lin / H)
     sv, dsv = smin1_vjp(q / se_max, tau, deriv=deriv)
     se = se_max * sv
     s1, ds1 = smin1_vjp(sh, tau, deriv=deriv)
-    rate = kappa * sh * se
-    return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + (rate if gate is None else rate * gate)
+    return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
 
 
-def _forward(w, log_cum, snr_lin, c0, gate, tau, K: int, L: int, num_subbands, se_max, kappa,
-             keep_tape: bool = False):
-    """The K slots without a graph: ``(served, tx, csum, served_before, tape)``; ``gate`` ``[R, E]``
-    applies in the first ``L`` slots.
+def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False):
+    """The K slots without a graph: ``(served, tx, csum, served_before, tape)``.
 
     ``served_before`` ``[K, E, R]`` holds ``served`` at the start of each slot. With
     ``keep_tape`` ``tape`` lists each slot's ``TAPE`` values (~12 ``[E, R]`` per slot) for the
@@ -76,14 +70,13 @@ def _forward(w, log_cum, snr_lin, c0, gate, tau, K: int, L: int, num_subbands, s
     csum = torch.zeros_like(c0)
     c = c0
     history, tape = [], []
-    for k in range(K):
+    for _ in range(K):
         history.append(served)
-        g = gate if k < L else None
-        values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape, gate=g)
+        values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape)
         if keep_tape:
             tape.append(values)
         v = dict(zip(TAPE, values, strict=True))
-        tx = tx + (v["b"] if g is None else v["b"] * g) * v["s1"]  # g b smin(sh, 1)
+        tx = tx + v["b"] * v["s1"]  # b smin(sh, 1)
         csum = csum + c
         c = _completion(served, log_cum, tau)
     # One [K, ...] tensor per TAPE value: 12 saved tensors instead of 12 K (each saved tensor costs
@@ -91,56 +84,47 @@ def _forward(w, log_cum, snr_lin, c0, gate, tau, K: int, L: int, num_subbands, s
     return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape, strict=True)]
 
 
-def _backward(w, log_cum, snr_lin, c0, gate, served_before, served_K, tape, g_served, g_tx, g_csum, tau,
-              K: int, L: int, num_subbands, se_max, kappa):
-    """Reverse walk over the slots, with each slot's ``TAPE`` values from ``tape`` or recomputed:
-    the gradients of ``(w, log_cum, snr_lin, gate)`` (the last None without a gate)."""
+def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
+              num_subbands, se_max, kappa):
+    """Reverse walk over the slots, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
     s_bar, t_bar, cs_bar = g_served, g_tx, g_csum
     c_bar = torch.zeros_like(c0)
     gw = torch.zeros_like(w)
     glc = torch.zeros_like(log_cum)
     gsnr = torch.zeros_like(snr_lin)
-    ggate = None if gate is None else torch.zeros_like(gate)
     c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
     for k in range(K - 1, -1, -1):
         c_prev = c0 if k == 0 else _completion(served_before[k], log_cum, tau)
-        g = gate if k < L else None
         if tape:
             values = [t[k] for t in tape]
         else:
-            values, _ = _slot(w, c_prev, served_before[k], snr_lin, tau, num_subbands, se_max, kappa, gate=g)
+            values, _ = _slot(w, c_prev, served_before[k], snr_lin, tau, num_subbands, se_max, kappa)
         b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
         # c = sigmoid(log(served) / tau - log_cum)
         z_bar = c_bar * c * (1.0 - c)
         glc = glc - z_bar
         live = served > _tiny(served)
         s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
-        # tx += g b smin(sh, 1);  served += kappa g sh se  (g = 1 without the gate)
-        bg, s_g = (b, s_bar) if g is None else (b * g, s_bar * g)
-        bg_bar = t_bar * s1
-        sh_bar = (t_bar * bg).sum(0, keepdim=True) * ds1 + kappa * (s_g * se).sum(0, keepdim=True)
-        q_bar = s_g * (kappa * sh) * dsv
+        # tx += b smin(sh, 1);  served += kappa sh se
+        b_bar = t_bar * s1
+        sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
+        q_bar = s_bar * (kappa * sh) * dsv
         # q = log2(1 + snr / H)
         common = q_bar / (LN2 * (H + snr_lin))
         gsnr = gsnr + common
         sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
-        # sh = S / N, N = smax(n, 1), n = sum_r g b, b = smin(m, 1)
-        bg_bar = bg_bar - sh_bar * sh / N * dN
-        if g is None:
-            m_bar = bg_bar * db
-        else:
-            m_bar = bg_bar * g * db
-            ggate = ggate + bg_bar * b + s_bar * (kappa * sh) * se
+        # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(m, 1)
+        n_bar = -sh_bar * sh / N * dN
+        m_bar = (b_bar + n_bar) * db
         # m = sum_a w_a (1 - c_a);  csum += c
         gw = gw + m_bar * (1.0 - c_prev)
         c_bar = cs_bar - m_bar * w
         c, served = c_prev, served_before[k]
-    return gw, glc, gsnr, ggate
+    return gw, glc, gsnr
 
 
 class L1SlotLoop(torch.autograd.Function):
-    """``(w, log_cum, snr_lin, c0, gate) -> (served, tx_frac, c_sum)`` after K slots (``gate``
-    ``[E, R]`` in the first ``L`` slots, or None).
+    """``(w, log_cum, snr_lin, c0) -> (served, tx_frac, c_sum)`` after K slots.
 
     Keeps ``served`` at the start of each slot (``[K, E, R]``) for the backward, which
     recomputes the other per-slot values while it walks the slots in reverse, or with
@@ -149,27 +133,20 @@ class L1SlotLoop(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, w, log_cum, snr_lin, c0, gate, tau, K, L, num_subbands, se_max, kappa, keep_tape=False):
-        if gate is None:
-            L = 0
-        consts = (tau, K, L, num_subbands, se_max, kappa)
+    def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, keep_tape=False):
+        consts = (tau, K, num_subbands, se_max, kappa)
         w, log_cum, snr_lin, c0 = (_flip_dims(t) for t in (w, log_cum, snr_lin, c0))
-        gate = None if L == 0 else _flip_dims(gate)
-        served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, gate, *consts, keep_tape)
-        ctx.has_gate = gate is not None
-        ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, *([gate] if ctx.has_gate else []),
-                              *tape)
+        served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, *consts, keep_tape)
+        ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, *tape)
         ctx.consts = consts
         return _flip_dims(served), _flip_dims(tx), _flip_dims(csum)
 
     @staticmethod
     def backward(ctx, g_served, g_tx, g_csum):
         w, log_cum, snr_lin, c0, served_before, served_K, *tape = ctx.saved_tensors
-        gate = tape.pop(0) if ctx.has_gate else None
         g_served = torch.zeros_like(snr_lin) if g_served is None else _flip_dims(g_served)
         g_tx = torch.zeros_like(snr_lin) if g_tx is None else _flip_dims(g_tx)
         g_csum = torch.zeros_like(c0) if g_csum is None else _flip_dims(g_csum)
-        gw, glc, gsnr, ggate = _backward(w, log_cum, snr_lin, c0, gate, served_before, served_K, tape, g_served,
-                                         g_tx, g_csum, *ctx.consts)
-        return (_flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), None,
-                None if ggate is None else _flip_dims(ggate), *([None] * 7))
+        gw, glc, gsnr = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx,
+                                  g_csum, *ctx.consts)
+        return _flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), None, None, None, None, None, None, None

@@ -55,41 +55,49 @@ def _cumprod(y: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, -1)
 
 
-def _l1_slot(w, w_sum, c, c_sum, served, tx_frac, completion, snr_lin, tau, consts: tuple, gate=None):
+def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gate=None):
     """One UL slot of L1D: the reference recursion. At ``tau = 0`` the hard operations; at
     ``tau > 0`` differentiated by autograd (the plain per-slot design, ``slots="autograd"``).
 
-    ``DiffFluid`` runs the K slots at ``tau > 0`` through ``_l1_loop.L1SlotLoop`` (one node with a
-    hand-written backward); the tests check that node against this recursion.
+    ``DiffFluid`` runs the K slots at ``tau > 0`` without a latency floor through
+    ``_l1_loop.L1SlotLoop`` (one node with a hand-written backward); the tests check that node
+    against this recursion.
 
-    :input c: ``[E, R, A]`` completion before the slot; :input completion: ``served [E, R] -> c``.
-    :input gate: ``[E, R]`` the latency floor's weight of a robot in this slot (``1 - soft_empty``
-        of its queue before capture; None: every robot is served).
+    :input c_busy: ``[E, R, A]`` the completion the robot's backlog is counted from before the slot.
+    :input gate: ``[E, R]`` the probability that the robot's queue was not empty before capture, in
+        the slots of its latency floor (None: every robot is served).
     :param consts: ``(num_subbands, se_max, bytes_per_se_slot)``.
-    :output: ``(c, c_sum, served, tx_frac)`` after the slot.
+    :output: ``(served, tx_frac)`` after the slot: the bytes offered to a robot that is served from
+        the start of the step, and its transmit time in slots at full power.
     """
     num_subbands, se_max, kappa = consts
-    busy = relax.soft_busy(w_sum - (w * c).sum(-1), tau)  # [E, R]
-    if gate is not None:
+    busy = relax.soft_busy(w_sum - (w * c_busy).sum(-1), tau)  # [E, R]
+    if gate is not None:  # an empty robot waits: it takes no share and does not transmit
         busy = busy * gate
     n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
     share = num_subbands / relax.smax(n, 1.0, tau)
     se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), se_max, tau)
-    rate = share * se * kappa
-    served = served + (rate if gate is None else rate * gate)
-    tx_frac = tx_frac + busy * relax.smin(share, 1.0, tau)
-    c_sum = c_sum + c
-    return completion(served), c_sum, served, tx_frac
+    return served + share * se * kappa, tx_frac + busy * relax.smin(share, 1.0, tau)
 
 
 def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
-    :input mass_before: ``[E, R]`` the queue's mass before this step's capture (the latency
-        floor's "was empty" gate, for the first ``cfg.l1_sr_slots`` slots).
-    :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
+    Latency floor (``cfg.l1_sr_slots = L > 0``): with ``g = smin(mass_before, 1)`` the probability
+    that the robot's queue was not empty before capture (``1 - soft_empty``), the step is the
+    mixture of the two cases the discrete level knows: served from slot 0 (weight ``g``) or
+    from slot ``L`` (weight ``1 - g``). In the first ``L`` slots the completion is ``c0 + g (c(S) -
+    c0)`` (``c0``: nothing served) and the robot counts as backlogged with weight ``g``; after them
+    the bytes it has been offered are the expectation ``S_k - (1 - g) S_{L-1}``. Mixing completions
+    rather than scaling the served bytes by ``g`` keeps ``log(served)`` away from 0 for a robot that
+    was nearly empty (a scaled rate made the gradients of mean-field sends explode). Exact at
+    ``tau = 0`` (``g`` is 0 or 1); ``L = K``: the completion is the mixture to the end.
+
+    :input mass_before: ``[E, R]`` the queue's mass before this step's capture.
+    :param slots: how the slot loop is differentiated (``tau > 0``, no floor): ``"recompute"`` and
         ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values;
-        ``"autograd"``, autograd through every slot (the plain per-slot design, a baseline).
+        ``"autograd"``, autograd through every slot (the plain per-slot design, a baseline). With a
+        floor the loop always runs through autograd of ``_l1_slot``.
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
@@ -99,34 +107,52 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     K, L = cfg.num_slots, cfg.l1_sr_slots
     cum = _fifo_cum(x)
     consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
-    c = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
+    c0 = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
     w_sum = w.sum(-1)
-    # The latency floor: a robot that was empty is served only from slot L on (1 - soft_empty).
-    gate = relax.smin(mass_before, 1.0, tau) if L > 0 else None
-    if not relax.is_hard(tau) and slots != "autograd":
+    if L == 0 and not relax.is_hard(tau) and slots != "autograd":
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
         log_cum = relax._log_pos(cum) / tau
-        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c, gate, tau, K, L, *consts,
-                                                  slots == "tape")
+        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts, slots == "tape")
+        c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
+        # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
+        return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
+    if relax.is_hard(tau):
+        def completion(s):
+            return relax.soft_ge(s.unsqueeze(-1), cum, tau)
     else:
-        if relax.is_hard(tau):
-            def completion(s):
-                return relax.soft_ge(s.unsqueeze(-1), cum, tau)
-        else:
-            log_cum = relax._log_pos(cum) / tau
+        log_cum = relax._log_pos(cum) / tau
 
-            def completion(s):
-                return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
-        c_sum = torch.zeros_like(x)
-        served = torch.zeros_like(w_sum)
-        tx_frac = torch.zeros_like(w_sum)
-        for k in range(K):
-            c, c_sum, served, tx_frac = _l1_slot(w, w_sum, c, c_sum, served, tx_frac, completion, snr_lin, tau,
-                                                 consts, gate if k < L else None)
-    c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
-    # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
-    fin = c - c_sum / K
-    return c, fin, served, tx_frac * cfg.slot_s, rest
+        def completion(s):
+            return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
+    gate = relax.smin(mass_before, 1.0, tau) if L > 0 else None  # P(the queue was not empty)
+    g3 = None if gate is None else gate.unsqueeze(-1)
+    c_sum = torch.zeros_like(x)
+    served = torch.zeros_like(w_sum)  # offered since slot 0 (the robot that was not empty)
+    tx_frac = torch.zeros_like(w_sum)
+    c_ne, c, base = c0, c0, None  # the not-empty case's completion; the mixture's; S_{L-1}
+    for k in range(K):
+        early = k < L
+        served, tx_frac = _l1_slot(w, w_sum, c_ne if early else c, served, tx_frac, snr_lin, tau, consts,
+                                   gate if early else None)
+        c_sum = c_sum + c
+        if early:
+            c_ne = completion(served)
+            c = c0 + g3 * (c_ne - c0)
+            if k == L - 1:
+                base = served
+        else:
+            c = completion(served - (1.0 - gate) * base if base is not None else served)
+    if base is None:
+        c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+    elif L < K:
+        served = served - (1.0 - gate) * base  # the expected bytes offered in the step
+        c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+    else:  # the floor fills the step: a robot that was empty is not served at all
+        c_ne, _, rest_ne = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+        c = c0 + g3 * (c_ne - c0)
+        rest = x + g3 * (rest_ne - x)
+        served = gate * served
+    return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
 
 
 def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
