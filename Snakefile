@@ -37,7 +37,7 @@ rule all:
     input:
         PAGE,
         TRACE,
-        *ALL_ARTIFACTS.values(),
+        *ARTIFACTS.values(),
 
 
 # The target: the page and every artifact it renders. A rule without output or action, so
@@ -47,12 +47,12 @@ rule report:
     input:
         page=PAGE,
         trace=TRACE,
-        **ALL_ARTIFACTS,
+        **ARTIFACTS,
 
 
 rule page:
     input:
-        **ALL_ARTIFACTS,
+        **ARTIFACTS,
         template="reports/checks_and_measurements.md.j2",
         renderer="reports/render.py",
         checker="reports/check_numbers.py",
@@ -63,7 +63,7 @@ rule page:
         figures=directory(FIGURES_DIR),
     params:
         profile=PROFILE,
-        paths=ALL_ARTIFACTS,
+        paths=ARTIFACTS,
         pending=PENDING_COMMANDS,
     log:
         f"{RESULTS}/logs/page.log",

@@ -42,9 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TEMPLATE = HERE / "checks_and_measurements.md.j2"
 SCHEMA = REPO / "workflow" / "schemas" / "artifacts.schema.yaml"
-# The stages the page has a section for, in page order.
-STAGES = ("equivalence", "convergence", "convergence_curves", "gradcheck", "fd_check", "calibration",
-          "sensitivity", "opt_rates", "placement", "nn_proxy", "cost")
+# The stages the page has a section for, in page order: the pipeline's one stage registry.
+STAGES = tuple(yaml.safe_load((REPO / "workflow" / "stages.yaml").read_text())["stages"])
 
 sys.path.insert(0, str(HERE))
 from check_numbers import check_page  # noqa: E402

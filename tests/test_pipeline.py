@@ -275,12 +275,31 @@ def optimisation_artifact(name: str) -> dict:
             "env_costs": {n: [costs[n]] for n in names}, "figure": f"{name}.png", "provenance": _prov(name, cfg)}
 
 
+def nn_proxy_artifact() -> dict:
+    """A neural-proxy artifact with distinctive numbers."""
+    summary = {"level": "L2-legacy", "train_cells": 640, "test_cells": 128, "robots": 8, "T": 60, "warmup": 10,
+               "samples_train": 5120, "samples_test": 1024, "epochs": 300, "final_train_loss": 0.05,
+               "grad_cells": 256, "grad_fd_significant": 12, "grad_sign_agree": 1.0, "grad_ratio_ci_covers_1": 0.833,
+               "ratio_ci_pct": 95, "fd_step_p": 0.05, "fd_step_msg_rel": 0.1, "fd_step_snr_db": 1.0,
+               "reload_max_abs_diff": 0.0}
+    for k, r2 in (("delay", 0.908), ("delivery", 0.912), ("aoi", 0.854), ("energy_j", 0.963)):
+        summary.update({f"heldout_r2_{k}": r2, f"heldout_mean_rel_err_{k}": 0.1, f"train_r2_{k}": r2 + 0.01})
+    row = {"derivative": "d energy / d kB", "cells": 256, "proxy": 1.2e-5, "fd_mean": 2.6e-5, "fd_se": 1e-6,
+           "fd_significant": True, "sign_agree": True, "ratio": 0.473, "ratio_lo": 0.216, "ratio_hi": 0.879,
+           "ci": "bounded", "corr_over_cells": 0.659}
+    return {"summary": summary, "table": [row], "ranges": {"p": [0.05, 0.95], "msg_bytes": [2000.0, 40000.0],
+                                                          "snr_db": [5.0, 35.0]},
+            "figure": "nn_proxy.png", "provenance": _prov("nn_proxy", {"seed": 7, "hidden": [64, 64]})}
+
+
 def study_artifact(name: str) -> dict:
     """The artifact of a study, with a figure (the generic structure where the page has no section of its own)."""
     if name in ("opt_rates", "placement"):
         return optimisation_artifact(name)
     if name == "sensitivity":
         return sensitivity_artifact()
+    if name == "nn_proxy":
+        return nn_proxy_artifact()
     return {"summary": {"score": 5.46}, "table": [{"case": "a", "value": 15.4}], "figure": f"{name}.png",
             "provenance": _prov(name, {"seed": 7})}
 
@@ -515,12 +534,38 @@ def test_number_matching_respects_printed_precision(token, value, ok):
     assert check_numbers.matches(token, [value]) is ok
 
 
+def profile_config(profile: str) -> dict:
+    """The config Snakemake runs for ``profile``: the profile file merged over config/config.yaml."""
+    from snakemake.utils import update_config
+
+    cfg = yaml.safe_load((REPO / PROFILES["full"]).read_text())
+    if profile != "full":
+        update_config(cfg, yaml.safe_load((REPO / PROFILES[profile]).read_text()))
+    return cfg
+
+
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_each_profile_is_complete_and_valid(profile):
+def test_each_profile_merged_over_the_default_is_valid(profile):
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
-    cfg = yaml.safe_load((REPO / PROFILES[profile]).read_text())
+    cfg = profile_config(profile)
     jsonschema.Draft202012Validator(schema).validate(cfg)
     assert cfg["profile"] == profile
+
+
+@pytest.mark.parametrize("profile", ["ci", "smoke"])
+def test_reduced_profiles_are_deltas(profile):
+    """A reduced profile holds only what differs from the default: each value it sets differs."""
+    full = yaml.safe_load((REPO / PROFILES["full"]).read_text())
+    delta = yaml.safe_load((REPO / PROFILES[profile]).read_text())
+
+    def same(base, over, path=""):
+        for k, v in over.items():
+            if isinstance(v, dict) and isinstance(base.get(k), dict):
+                yield from same(base[k], v, f"{path}{k}.")
+            elif base.get(k) == v:
+                yield f"{path}{k}"
+
+    assert list(same(full, delta)) == []
 
 
 # ------------------------------------------------------------------------------ snakemake
@@ -542,7 +587,7 @@ Path(snakemake.log[0]).write_text("stub\\n")
 
 def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures."""
-    for rel in ("Snakefile", "environment.yml", "workflow/rules", "workflow/schemas", "workflow/report",
+    for rel in ("Snakefile", "environment.yml", "workflow/stages.yaml", "workflow/rules", "workflow/schemas", "workflow/report",
                 "config", "reports", "isaac_net"):
         src = REPO / rel
         if not src.exists():
@@ -620,7 +665,7 @@ def test_a_changed_setting_reruns_only_its_stage_and_the_report(tmp_path):
     assert set(job_counts(out)) == {"fd_check", "page", "report"}
     assert "Params have changed since last execution" in out
 
-    cfg["equivalence"]["cases"]["overload"]["p"] = 0.95
+    cfg.setdefault("equivalence", {}).setdefault("cases", {}).setdefault("overload", {})["p"] = 0.95
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     out = snakemake(wf, "-n", "report", "--cores", "2", *ci)
     assert set(job_counts(out)) == {"equivalence", "fd_check", "page", "report"}
@@ -673,7 +718,7 @@ def _parse_error(wf: Path, mutate) -> str:
     (lambda c: c["convergence"].update(default_tau=0.3), "convergence/default_tau = 0.3 is not one of "
                                                           "convergence/table/taus"),
     (lambda c: c["sensitivity"].update(warmup=c["sensitivity"]["T"]), "sensitivity/warmup = "),
-    (lambda c: c["gradcheck"]["small"]["cell"].update(qa_sr_slots=9),
+    (lambda c: c["gradcheck"]["small"].setdefault("cell", {}).update(qa_sr_slots=9),
      "gradcheck/small/cell/qa_sr_slots = 9 exceeds gradcheck/small/cell/num_slots = 4"),
 ])
 def test_cross_field_config_errors_fail_at_parse_time(tmp_path, mutate, message):

@@ -25,7 +25,16 @@ from _common import Stage  # noqa: E402
 STUDIES = ("sensitivity", "opt_rates", "placement", "nn_proxy")
 
 
-CI = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
+def _ci_config() -> dict:
+    """The ci profile as Snakemake runs it: config/ci.yaml merged over config/config.yaml."""
+    from snakemake.utils import update_config
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    update_config(cfg, yaml.safe_load((REPO / "config" / "ci.yaml").read_text()))
+    return cfg
+
+
+CI = _ci_config()
 ARTIFACT_KEYS = {"provenance", "config", "summary", "table", "figure"}
 
 

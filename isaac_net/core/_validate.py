@@ -164,8 +164,14 @@ def msg_bytes(x, E: int, R: int, dtype: torch.dtype, device: torch.device) -> to
     return out
 
 
+#: Largest temperature accepted: every relaxation is a smooth step whose width is the temperature
+#: (in log ratio or in messages / steps); far above 1 nothing is left of the step, and at ~1e3 the
+#: soft minima overflow (NaN KPIs).
+TEMPERATURE_MAX = 10.0
+
+
 def temperature(value, name: str, *, allow_none: bool = False) -> float | None:
-    """A temperature as a Python float, finite and ``>= 0`` (a number or a one-element tensor)."""
+    """A temperature as a Python float in ``[0, TEMPERATURE_MAX]`` (a number or a one-element tensor)."""
     if value is None and allow_none:
         return None
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
@@ -174,8 +180,8 @@ def temperature(value, name: str, *, allow_none: bool = False) -> float | None:
         what = f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
         raise TypeError(f"{name}: expected a real number >= 0{' or None' if allow_none else ''}, got {what}")
     value = float(value)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}: expected a finite temperature >= 0, got {value}")
+    if not (math.isfinite(value) and 0 <= value <= TEMPERATURE_MAX):
+        raise ValueError(f"{name}: expected a finite temperature in [0, {TEMPERATURE_MAX:g}], got {value}")
     return value
 
 

@@ -78,25 +78,14 @@ PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.y
 LIBRARY = sorted(glob.glob("isaac_net/**/*.py", recursive=True))
 HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
 
-# Artifacts the report renders, by name.
-ARTIFACTS = {
-    "equivalence": f"{RESULTS}/equivalence.json",
-    "convergence": f"{RESULTS}/convergence.json",
-    "convergence_curves": f"{RESULTS}/convergence_curves.json",
-    "gradcheck": f"{RESULTS}/gradcheck.json",
-    "fd_check": f"{RESULTS}/fd_check.json",
-    "calibration": f"{RESULTS}/calibration.json",
-    "cost": f"{RESULTS}/cost.json",
-}
-# The studies' artifacts (workflow/rules/studies.smk). Every artifact is an input of the page
-# and of the `report` target, so a missing one is rebuilt (see the Snakefile).
-OPTIONAL_ARTIFACTS = {
-    name: f"{RESULTS}/{name}.json" for name in ("sensitivity", "opt_rates", "placement", "nn_proxy")
-}
-ALL_ARTIFACTS = {**ARTIFACTS, **OPTIONAL_ARTIFACTS}
+# Artifacts the report renders, by name, from the one stage registry (workflow/stages.yaml, which
+# reports/render.py reads too). Every artifact is an input of the page and of the `report`
+# target, so a missing one is rebuilt (see the Snakefile).
+STAGES = yaml.safe_load(open(workflow.source_path("../stages.yaml")))["stages"]
+ARTIFACTS = {name: f"{RESULTS}/{name}.json" for name in STAGES}
 TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
 PENDING_COMMANDS = {
-    name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ALL_ARTIFACTS.items()
+    name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()
 }
 
 
