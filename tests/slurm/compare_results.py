@@ -5,7 +5,8 @@
 What is compared (the robust comparison agreed for tests/slurm/run_local_cluster.sh):
 
 1. JSON artifacts. Every ``*.json`` file the runs wrote (under the two trees, outside
-   ``.snakemake``/``.git``; with ``--newer-than``, only files modified after MARKER) must
+   ``.snakemake``/``.git``, pages' ``*.trace.json`` left out; with ``--newer-than``, only
+   files modified after MARKER) must
    exist in both trees, have the same structure, the same strings/booleans and the same
    numbers, except under keys that hold provenance, wall-clock times or memory (see
    ``volatile_key``: ``provenance``, ``*_s``, ``wall_*``, ``peak_rss_mib``…).
@@ -79,6 +80,12 @@ NUM_RE = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|nan|inf", re.
 SKIP_DIRS = {".snakemake", ".git", "__pycache__", ".pytest_cache", ".venv"}
 
 
+# A page's trace (reports/render.py): where on the page each number landed. Its character spans
+# move with the page's provenance and timing lines; the numbers themselves are the page's,
+# compared as tokens, and the artifacts', compared as JSON.
+DERIVED_SUFFIXES = (".trace.json",)
+
+
 def produced(root: Path, suffixes: tuple[str, ...], newer_than: float | None) -> dict[str, Path]:
     out = {}
     for p in root.rglob("*"):
@@ -86,6 +93,8 @@ def produced(root: Path, suffixes: tuple[str, ...], newer_than: float | None) ->
         if any(part in SKIP_DIRS for part in rel.parts) or not p.is_file():
             continue
         if p.suffix.lower() not in suffixes:
+            continue
+        if p.name.endswith(DERIVED_SUFFIXES):  # derived from a page whose numbers are compared below
             continue
         if newer_than is not None and p.stat().st_mtime <= newer_than:
             continue
