@@ -221,22 +221,9 @@ def figure(sweep: dict, path: str) -> None:
             for m, (model, curves) in enumerate(sweep["models"].items()):
                 col = colors[m % len(colors)]
                 label = model.replace("_", "D ", 1).replace("mean_field", "mean-field")
-                ax.plot(
-                    ps,
-                    [curves["uncalibrated"][k][j] for j in idx],
-                    ls="--",
-                    lw=0.9,
-                    color=col,
-                    label=f"{label}, uncalibrated",
-                )
-                ax.plot(
-                    ps,
-                    [curves["calibrated"][k][j] for j in idx],
-                    ls="-",
-                    lw=1.2,
-                    color=col,
-                    label=f"{label}, calibrated",
-                )
+                for name, ls, lw in (("uncalibrated", "--", 0.9), ("calibrated", "-", 1.2)):
+                    ax.plot(ps, [curves[name][k][j] for j in idx], ls=ls, lw=lw, color=col,
+                            label=f"{label}, {name}")
             ax.set_xlabel("send probability p")
             ax.set_ylabel(
                 {
