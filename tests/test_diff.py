@@ -455,11 +455,13 @@ def test_qa_node_refuses_a_backward_after_an_input_changed_in_place():
 
 
 def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
-    """``rollout`` as a loop of ``advance``: QAD's fused step one node per step."""
+    """``rollout`` as a loop of ``advance``: QAD's fused step one node per step (from the state the
+    net holds, as a constant, as ``rollout`` starts)."""
     from isaac_net.core.diff import relax
     from isaac_net.core.kpi import KpiAccumulator
 
     inputs = net.inputs(B, snr_db=snr_db, deadline=deadline)
+    net.detach()
     acc = KpiAccumulator(warmup)
     for t in range(T):
         acc.add(net.advance(p if sends == "mean_field" else relax.relaxed_bernoulli(p, u[t], 0.1), inputs))
@@ -470,7 +472,7 @@ def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
 def test_qa_rollout_node_steps_and_autograd_agree(sends):
     """QAD's rollout as one node, the same steps one node each, and autograd through every op of
     ``model._step`` (``slots="autograd"``) give one model: values and gradients over two rollouts
-    in a row (the second continues from the first's state) with a warm-up, float64."""
+    in a row (the second continues from the first's state, as a constant) with a warm-up, float64."""
     s = seed_scenario("overload", E=3, R=4, T=12)
     u = torch.rand(s.T, 3, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
     out = {}
@@ -514,10 +516,13 @@ def test_qa_rollout_node_frees_its_steps_unless_the_graph_is_retained():
     torch.testing.assert_close(p.grad, 2 * g)
 
 
+COMPILE_CFG = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4)  # the compile tests share its graphs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["L1", "QA"])
 def test_compiled_equals_eager(mode):
-    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4)
+    cfg = COMPILE_CFG
     s = seed_scenario("normal", E=2, R=3, T=5)
     grads = []
     for compiled in (False, True):
@@ -531,6 +536,98 @@ def test_compiled_equals_eager(mode):
             rollout(net, 2, p, s.B, snr_db=s.snr_db)
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=0)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)
+
+
+def test_compiled_slot_loop_equals_the_eager_node():
+    """The compiled path's slot-loop operator (one compiled kernel per slot, forward and adjoint)
+    against the eager node, values and gradients, float64, at two batch sizes of one kernel."""
+    from isaac_net.core.diff import _l1_loop
+
+    g = torch.Generator().manual_seed(5)
+    compiles = None
+    for E in (3, 7):
+        R, A, K, tau = 4, 5, 6, 0.07
+        w = torch.rand(E, R, A, generator=g, dtype=F64).requires_grad_()
+        log_cum = (torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau).requires_grad_()
+        snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
+        c0 = torch.zeros(E, R, A, dtype=F64)
+        consts = (12.0, 5.5, 90.0)
+        eager = _l1_loop.L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, False)
+        flip = _l1_loop._flip_dims
+        comp = _l1_loop.compiled_slot_loop(flip(w), flip(log_cum), flip(snr), c0.permute(2, 1, 0),
+                                           torch.tensor(tau, dtype=F64), torch.tensor(consts, dtype=F64), K)
+        comp = [flip(t) for t in comp[:3]]
+        for a, b in zip(comp, eager, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)
+        weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in eager]
+        ga, gb = (torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)),
+                                      (w, log_cum, snr)) for outs in (comp, eager))
+        for a, b in zip(ga, gb, strict=True):
+            assert float(b.abs().max()) > 0
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
+        assert compiles is None or counts == compiles, "a new batch size compiled the slot kernels again"
+        compiles = counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_compiled_step_compiles_once_for_every_batch_size(mode):
+    """One compile serves E = 8 ... 256 and both radio inputs (snr_db, or pos + tx_dbm); grad mode
+    is the one other thing that compiles again."""
+    from isaac_net.core.diff import _l1_loop
+
+    g = torch.Generator().manual_seed(6)
+    R, first, kernels = 3, True, None
+    for radio in ("pos", "snr"):
+        for E in (8, 16, 24, 64, 256):
+            p = torch.rand(E, R, generator=g, dtype=F64).requires_grad_()
+            net = DiffFluid(E, R, mode=mode, tau=0.05, cfg=COMPILE_CFG, dtype=F64, compile=True)
+            if radio == "pos":
+                pos = 40 + 100 * torch.rand(E, R, 2, generator=g, dtype=F64)
+                kw = dict(pos=pos, tx_dbm=torch.full((E, R), 20.0, dtype=F64, requires_grad=True))
+            else:
+                kw = dict(snr_db=5 + 20 * torch.rand(E, R, generator=g, dtype=F64))
+            with torch._dynamo.config.patch(error_on_recompile=not first):
+                k = rollout(net, 3, p, torch.full((E, R), 8000.0, dtype=F64), **kw)
+                kpi_mix(k).backward()
+            assert float(p.grad.abs().sum()) > 0
+            counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
+            assert kernels is None or counts == kernels, (radio, E)
+            first, kernels = False, counts
+
+
+def test_a_second_rollout_backpropagates_without_the_first_ones_graph():
+    """rollout() starts a graph of its own (the state it starts from is a constant): backpropagating
+    a second rollout after the first one's backward works and equals a rollout from that state."""
+    p = torch.full((2, 3), 0.6, dtype=F64, requires_grad=True)
+    args = (6, p, 200_000.0)  # a queue that does not empty: the second rollout starts from a backlog
+    net = DiffFluid(2, 3, mode="L1", tau=0.05, dtype=F64)
+    kpi_mix(rollout(net, *args, snr_db=5.0)).backward()
+    start = net.state
+    p.grad = None
+    kpi_mix(rollout(net, *args, snr_db=5.0)).backward()
+    g_second = p.grad.clone()
+    fresh = DiffFluid(2, 3, mode="L1", tau=0.05, dtype=F64)
+    fresh.state = start.detach()
+    p.grad = None
+    kpi_mix(rollout(fresh, *args, snr_db=5.0)).backward()
+    torch.testing.assert_close(g_second, p.grad, rtol=1e-12, atol=0)
+    assert float(start.w.sum()) > 1.0
+
+
+def test_compile_with_an_l1_latency_floor_runs_eager_and_says_so():
+    cfg = dataclasses.replace(COMPILE_CFG, l1_sr_slots=2)
+    s = seed_scenario("normal", E=2, R=3, T=4)
+    out = []
+    for compiled in (False, True):
+        net = DiffFluid(2, 3, mode="L1", tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
+        if compiled:
+            with pytest.warns(UserWarning, match=r"latency floor \(cfg.l1_sr_slots = 2\) runs eager"):
+                out.append(kpi_mix(rollout(net, s.T, s.p, s.B, snr_db=s.snr_db)))
+        else:
+            out.append(kpi_mix(rollout(net, s.T, s.p, s.B, snr_db=s.snr_db)))
+    assert torch.equal(out[0], out[1])
 
 
 def test_slot_loop_variants_agree_in_a_rollout():

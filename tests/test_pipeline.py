@@ -137,22 +137,23 @@ def fixture_artifacts() -> dict[str, dict]:
                 "modes": ["L1", "QA"], "E": [16, 64], "R": 8,
                 "T": 60, "compile": [False, True], "threads": [1, 2], "timeout_s": 900, "repeats": 2,
                 "l2_legacy": True, "large": {"E": 1024, "T": 200}, "speedup_bar": 7,
+                "warmup": {"E": 16, "cold_s": 60, "cold_ratio": 400, "warm_s": 5},
                 "targets_s": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1}],
-                "seed_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]},
+                "earlier_s": {"T": 60, "L1D_fwd_bwd": {"16": [10.8, 11.1], "64": [22.1, 16.5]},
                            "L2_legacy_fwd": 27.0}}
     row = {"model": "L1D", "device": "cpu", "R": 8, "T": 60, "threads": 1, "peak_cuda_mib": None,
            "available": True, "slots": "tape"}
     cost_rows = [
         {**row, "variant": "eager", "E": 16, "compile": False, "forward_s": 0.4, "backward_s": 0.5,
-         "peak_rss_mib": 345.0, "seed_ratio": 24.3},
+         "peak_rss_mib": 345.0, "earlier_ratio": 24.3},
         {**row, "variant": "per-slot autograd", "E": 16, "compile": False, "forward_s": 0.8,
          "backward_s": 1.0,
-         "peak_rss_mib": 351.0, "seed_ratio": 12.2},
+         "peak_rss_mib": 351.0, "earlier_ratio": 12.2},
         {**row, "variant": "compiled", "E": 64, "compile": True, "threads": 2, "available": False,
-         "error": "timed out after 900 s", "seed_ratio": None},
+         "error": "timed out after 900 s", "earlier_ratio": None},
     ]
     large = {**row, "variant": "eager", "E": 1024, "T": 200, "compile": False, "forward_s": 21.0,
-             "backward_s": 24.8, "peak_rss_mib": 3310.0, "seed_ratio": None, "slots": "recompute"}
+             "backward_s": 24.8, "peak_rss_mib": 3310.0, "earlier_ratio": None, "slots": "recompute"}
     speedups = [{"E": 16, "per_slot_autograd_s": 1.8, "eager_s": 0.9, "compiled_s": 0.12,
                  "eager_speedup": 2.0,
                  "compiled_speedup": 15.0}]
@@ -160,6 +161,8 @@ def fixture_artifacts() -> dict[str, dict]:
                         "l2_legacy_available": False, "compile_available": False, "num_failed": 1,
                         "cuda_available": False},
             "table": cost_rows + [large], "speedups": speedups, "large": large,
+            "warmups": [{"model": "L1D", "E": 16, "cold_s": 47.5, "cold_steady_s": 0.31, "cold_ratio": 153.2,
+                         "warm_s": 6.8, "warm_steady_s": 0.29, "cold_met": True, "warm_met": False}],
             "targets": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1, "measured_s": 0.12,
                          "met": False}],
             "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
@@ -373,6 +376,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
     assert "No CUDA device was visible to this run" in cost
     assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
+    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | met | **not met** |" in cost  # the warm-up row, targets evaluated
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
@@ -739,9 +743,15 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {"eager", "compiled", "per-slot autograd", "per-op autograd",
-                                               "discrete"}
+                                               "discrete", "compiled, first call, cold cache",
+                                               "compiled, first call, warm cache"}
+    extra = [E for E in params["speedup_E"] if E not in params["E"]]
     assert sorted((j["name"], j["E"]) for j in cpu if j.get("slots") == "autograd") == sorted(
-        (m, E) for m in ("L1", "QA") for E in params["E"])
+        [(m, E) for m in ("L1", "QA") for E in params["E"]] + [("L1", E) for E in extra])
+    # the first compiled calls run first, cold before warm, while each model's cache is empty
+    first = [(j["name"], j["cache"]) for j in cpu if j.get("cache")]
+    assert first == [(m, c) for m in params["modes"] for c in ("cold", "warm")]
+    assert [j.get("cache") for j in cpu[:len(first)]] == [c for _, c in first]
 
 
 CHILD = """

@@ -1,9 +1,14 @@
 """Cost of a rollout: wall time of the forward pass and of the backward pass of L1D and
 QAD (eager and ``compile=True``), at each size and torch thread count, next to the
 forward time of the discrete levels (L1, QA and, when it builds, L2-legacy) on the same
-inputs; the plain per-slot autograd design of L1D (the seed's) as the baseline of the
-speed-up; one large L1D rollout for memory; the same on CUDA when a device is visible;
-and the ratio to the seed's figures.
+inputs; the plain per-slot autograd design of L1D (the earlier version's) as the baseline
+of the speed-up; the first compiled call of each model with an empty and with a warm inductor
+cache; one large L1D rollout for memory; the same on CUDA when a device is visible; and the
+ratio to the earlier version's figures.
+
+Every child process compiles into an inductor cache directory of this stage's own (one per
+model, created empty), so the "cold cache" rows are cold on any machine and the rest do not
+depend on what the user's cache holds.
 
 Each measurement runs in a fresh process (``cost.py --measure SPEC``) with a time limit,
 so that a slow ``torch.compile`` is recorded as timed out instead of holding the stage,
@@ -14,9 +19,11 @@ are its own.
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -25,7 +32,7 @@ from _common import REPO, draw_inputs, run
 from tqdm import tqdm
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-WEIGHTS = {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}  # the seed's quick-start loss
+WEIGHTS = {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}  # the README's quick-start loss
 SCRIPT = REPO / "benchmarks" / "diff" / "cost.py"
 
 
@@ -133,11 +140,11 @@ def die_with_parent(poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def run_child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+def run_child(cmd: list[str], timeout_s: float, env: dict | None = None) -> tuple[int | None, str, str]:
     """Run ``cmd`` (a ``--measure`` child) in a fresh process group, killed as a whole after
     ``timeout_s`` (torch.compile starts worker processes of its own) and when this process
     dies (``die_with_parent``). Returns (exit status or None on timeout, stdout, stderr)."""
-    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
                             start_new_session=True, env=env)
     try:
@@ -152,10 +159,11 @@ def run_child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
     return proc.returncode, stdout, stderr
 
 
-def measure_in_child(spec: dict, timeout_s: float) -> dict:
-    """Run ``measure(spec)`` in a child process (``run_child``)."""
+def measure_in_child(spec: dict, timeout_s: float, cache_dir: str | None = None) -> dict:
+    """Run ``measure(spec)`` in a child process (``run_child``), compiling into ``cache_dir``."""
     cmd = [sys.executable, str(SCRIPT), "--measure", json.dumps(spec)]
-    returncode, stdout, stderr = run_child(cmd, timeout_s)
+    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else None
+    returncode, stdout, stderr = run_child(cmd, timeout_s, env)
     if returncode is None:
         return {"error": f"timed out after {timeout_s:g} s"}
     if returncode != 0:
@@ -169,12 +177,23 @@ def _jobs(params: dict, device: str) -> list[dict]:
     """The measurements of one device: relaxed (each mode, compile, threads), the plain
     autograd baselines (eager, one thread), the discrete levels and the large rollout."""
     threads = params["threads"] if device == "cpu" else [1]
-    jobs = [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
-            for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
-    # Autograd through every op (L1D: every slot, the seed's design; QAD: the step's ops) against
-    # the default eager, whose slot loop (L1D) and step (QAD) are nodes with hand-written backwards.
+    warmup = params.get("warmup")
+    jobs = []
+    if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
+        jobs += [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
+                  "cache": cache} for m in params["modes"] for cache in ("cold", "warm")]
+    jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
+             for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
+    # Autograd through every op (L1D: every slot, the earlier version's design; QAD: the step's ops)
+    # against the default eager, whose slot loop (L1D) and step (QAD) are nodes with hand-written backwards.
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1, "slots": "autograd"}
              for E in params["E"] for m in params["modes"]]
+    # The speed-up at more batch sizes: L1D per-slot autograd, eager and compiled, one thread.
+    extra = [E for E in params.get("speedup_E", []) if E not in params["E"]]
+    jobs += [{"kind": "relaxed", "name": "L1", "E": E, "compile": c, "threads": 1,
+              "repeats": params["speedup_repeats"], **({"slots": "autograd"} if slots else {})}
+             for E in extra for c, slots in ((False, True), (False, False), (True, False))
+             if c in params["compile"]]
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
     jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
              for E in params["E"] for lv in levels for th in threads]
@@ -189,6 +208,8 @@ def _jobs(params: dict, device: str) -> list[dict]:
 
 
 def _variant(job: dict) -> str:
+    if job.get("cache"):
+        return f"compiled, first call, {job['cache']} cache"
     if job["kind"] == "discrete":
         return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
     if job.get("slots") == "autograd":
@@ -196,44 +217,61 @@ def _variant(job: dict) -> str:
     return "compiled" if job["compile"] else "eager"
 
 
-def _seed_ratio(row: dict, seed_s: dict) -> float | None:
-    """The seed's time for this workload over ours (fwd + bwd for L1D, forward for L2-legacy)."""
-    if not row["available"] or row["T"] != seed_s["T"]:
+def _earlier_ratio(row: dict, earlier_s: dict) -> float | None:
+    """The earlier version's time for this workload over ours (fwd + bwd for L1D, forward for
+    L2-legacy); steady-state rows only."""
+    if not row["available"] or row["T"] != earlier_s["T"] or "first call" in row["variant"]:
         return None
-    if row["model"] == "L1D" and str(row["E"]) in seed_s["L1D_fwd_bwd"]:
-        return sum(seed_s["L1D_fwd_bwd"][str(row["E"])]) / (row["forward_s"] + row["backward_s"])
+    if row["model"] == "L1D" and str(row["E"]) in earlier_s["L1D_fwd_bwd"]:
+        return sum(earlier_s["L1D_fwd_bwd"][str(row["E"])]) / (row["forward_s"] + row["backward_s"])
     if row["model"] == "L2-legacy":
-        return seed_s["L2_legacy_fwd"] / row["forward_s"]
+        return earlier_s["L2_legacy_fwd"] / row["forward_s"]
     return None
 
 
 def main(stage, params: dict, out: dict) -> None:
     """Wall time and memory of relaxed and discrete rollouts."""
-    from isaac_net.core import CellConfig
-
     common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
               "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
               "seed": params["seed"]}
     devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
     jobs = [j for dev in devices for j in _jobs(params, dev)]
     rows, unavailable = [], {}
-    for job in tqdm(jobs, desc="cost", mininterval=2.0):
-        if job["name"] in unavailable and job["kind"] == "discrete":
-            continue
-        spec = {**common, **job}
-        r = measure_in_child(spec, params["timeout_s"])
-        model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
-        if "error" in r:
-            where = f"E={job['E']} compile={job['compile']} threads={job['threads']} device={job['device']}"
-            print(f"[cost] {model} {where}: {r['error']}", flush=True)
-            if job["kind"] == "discrete" and not r["error"].startswith("timed out"):
-                unavailable[job["name"]] = r["error"]
+    caches = {m: tempfile.mkdtemp(prefix=f"isaac_cost_inductor_{m}_") for m in params["modes"]}
+    try:
+        for job in tqdm(jobs, desc="cost", mininterval=2.0):
+            if job["name"] in unavailable and job["kind"] == "discrete":
                 continue
-        rows.append({"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
-                     "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
-                     **r, "available": "error" not in r})
+            _measure_job(job, common, params, caches, rows, unavailable)
+    finally:
+        for d in caches.values():
+            shutil.rmtree(d, ignore_errors=True)
+    _summarise(stage, params, common, devices, rows, unavailable, out)
+
+
+def _measure_job(job: dict, common: dict, params: dict, caches: dict, rows: list, unavailable: dict) -> None:
+    """One row of the table from a child process (a discrete level that fails is marked unavailable)."""
+    spec = {**common, **job}
+    r = measure_in_child(spec, params["timeout_s"], caches.get(job["name"]))
+    model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
+    if "error" in r:
+        where = f"E={job['E']} compile={job['compile']} threads={job['threads']} device={job['device']}"
+        print(f"[cost] {model} {where}: {r['error']}", flush=True)
+        if job["kind"] == "discrete" and not r["error"].startswith("timed out"):
+            unavailable[job["name"]] = r["error"]
+            return
+    rows.append({"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
+                 "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
+                 **r, "available": "error" not in r})
+
+
+def _summarise(stage, params: dict, common: dict, devices: list, rows: list, unavailable: dict,
+               out: dict) -> None:
+    """The speed-ups, the compile warm-up, the targets and the summary, written with the table."""
+    from isaac_net.core import CellConfig
+
     for r in rows:
-        r["seed_ratio"] = _seed_ratio(r, params["seed_s"])
+        r["earlier_ratio"] = _earlier_ratio(r, params["earlier_s"])
 
     def total(model, variant, E):
         key = (model, variant, E, common["T"], 1, stage.device)
@@ -242,7 +280,7 @@ def main(stage, params: dict, out: dict) -> None:
         return min(hits) if hits else None
 
     speedups = []
-    for E in params["E"]:
+    for E in sorted({*params["E"], *params.get("speedup_E", [])}):
         base = total("L1D", "per-slot autograd", E)
         eager, comp = total("L1D", "eager", E), total("L1D", "compiled", E)
         speedups.append({"E": E, "per_slot_autograd_s": base, "eager_s": eager, "compiled_s": comp,
@@ -252,6 +290,23 @@ def main(stage, params: dict, out: dict) -> None:
     for t in params["targets_s"]:
         measured = total(t["model"], t["variant"], t["E"])
         targets.append({**t, "measured_s": measured, "met": None if measured is None else measured <= t["s"]})
+    warmups = []
+    for m in params["modes"]:
+        first = {r["variant"]: r for r in rows
+                 if r["model"] == f"{m}D" and r["available"] and "first call" in r["variant"]}
+        cold, warm = (first.get(f"compiled, first call, {c} cache") for c in ("cold", "warm"))
+        if not cold and not warm:
+            continue
+        w = {"model": f"{m}D", "E": params["warmup"]["E"]}
+        for name, r in (("cold", cold), ("warm", warm)):
+            w[f"{name}_s"] = r["first_forward_s"] + r["first_backward_s"] if r else None
+            w[f"{name}_steady_s"] = r["forward_s"] + r["backward_s"] if r else None
+        w["cold_ratio"] = w["cold_s"] / w["cold_steady_s"] if cold else None  # both in the cold process
+        t = params["warmup"]
+        w["cold_met"] = None if cold is None else (w["cold_s"] <= t["cold_s"]
+                                                   and w["cold_ratio"] <= t["cold_ratio"])
+        w["warm_met"] = None if warm is None else w["warm_s"] <= t["warm_s"]
+        warmups.append(w)
     large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
              and r["T"] == params["large"]["T"]]
     summary = {
@@ -265,8 +320,8 @@ def main(stage, params: dict, out: dict) -> None:
         "num_failed": sum(not r["available"] for r in rows),
     }
     stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
-                                   "targets": targets, "large": large[0] if large else None,
-                                   "unavailable": unavailable})
+                                   "warmups": warmups, "targets": targets,
+                                   "large": large[0] if large else None, "unavailable": unavailable})
 
 
 if __name__ == "__main__":

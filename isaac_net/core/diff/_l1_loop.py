@@ -11,7 +11,7 @@ the tests.
 Per slot ``k`` (``c`` is ``[E, R, A]``, cell quantities ``[E, 1]``, the rest ``[E, R]``):
 
 .. math::
-    m = \sum_a w_a (1 - c_a),\ b = \mathrm{smin}(m, 1),\ n = \sum_r b,\
+    u = \sum_a w_a (1 - c_a),\ b = \mathrm{smin}(u, 1),\ n = \sum_r b,\
     sh = S / \mathrm{smax}(n, 1),\ q = \log_2(1 + \mathrm{snr} / \mathrm{smax}(sh, 1)),\
     se = \mathrm{smin}(q, se_{max}),\ served \mathrel{+}= \kappa\, sh\, se,\
     tx \mathrel{+}= b\, \mathrm{smin}(sh, 1),\ csum \mathrel{+}= c,\
@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from isaac_net.core.diff._kernels import Kernel
 from isaac_net.core.diff.relax import _log_pos, _tiny, smax1_vjp, smin1_vjp
 
 LN2 = math.log(2.0)
@@ -46,8 +47,8 @@ TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` bef
 def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
     """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
     without ``deriv``) and ``served`` after it."""
-    m = (w * (1.0 - c)).sum(0)
-    b, db = smin1_vjp(m, tau, deriv=deriv)
+    unfinished = (w * (1.0 - c)).sum(0)  # the robot's mass not yet served, [R, E]
+    b, db = smin1_vjp(unfinished, tau, deriv=deriv)
     N, dN = smax1_vjp(b.sum(0, keepdim=True), tau, deriv=deriv)
     sh = num_subbands / N
     H, dH = smax1_vjp(sh, tau, deriv=deriv)
@@ -56,6 +57,44 @@ def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool =
     se = se_max * sv
     s1, ds1 = smin1_vjp(sh, tau, deriv=deriv)
     return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
+
+
+def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa):
+    """One slot forward, without derivatives: ``(served, tx, csum, c)`` after it from the same
+    before it (the body of both loops; a :class:`~._kernels.Kernel` in the compiled one)."""
+    (b, *_, s1, _), served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=False)
+    return served, tx + b * s1, csum + c, _completion(served, log_cum, tau)  # tx += b smin(sh, 1)
+
+
+def _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, values, bars, tau, num_subbands,
+                  se_max, kappa):
+    """The adjoint of one slot: the gradients ``bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)``
+    after slot ``k`` to those before it. ``c_prev``, ``served_prev``: before the slot; ``c``,
+    ``served``: after it; ``values``: the slot's ``TAPE`` values, or None to recompute them."""
+    c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr = bars
+    if values is None:
+        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa)
+    b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
+    # c = sigmoid(log(served) / tau - log_cum)
+    z_bar = c_bar * c * (1.0 - c)
+    glc = glc - z_bar
+    live = served > _tiny(served)
+    s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
+    # tx += b smin(sh, 1);  served += kappa sh se
+    b_bar = t_bar * s1
+    sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
+    q_bar = s_bar * (kappa * sh) * dsv
+    # q = log2(1 + snr / H)
+    common = q_bar / (LN2 * (H + snr_lin))
+    gsnr = gsnr + common
+    sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
+    # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(u, 1)
+    n_bar = -sh_bar * sh / N * dN
+    u_bar = (b_bar + n_bar) * db
+    # u = sum_a w_a (1 - c_a) (unfinished mass);  csum += c
+    gw = gw + u_bar * (1.0 - c_prev)
+    c_bar = cs_bar - u_bar * w
+    return c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr
 
 
 def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False):
@@ -72,13 +111,11 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
     history, tape = [], []
     for _ in range(K):
         history.append(served)
-        values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=keep_tape)
         if keep_tape:
+            values, _ = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa)
             tape.append(values)
-        v = dict(zip(TAPE, values, strict=True))
-        tx = tx + v["b"] * v["s1"]  # b smin(sh, 1)
-        csum = csum + c
-        c = _completion(served, log_cum, tau)
+        served, tx, csum, c = _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands,
+                                            se_max, kappa)
     # One [K, ...] tensor per TAPE value: 12 saved tensors instead of 12 K (each saved tensor costs
     # the autograd node, or a compiled graph's runtime wrapper, a pack and an unpack)
     return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape, strict=True)]
@@ -87,40 +124,16 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
 def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
               num_subbands, se_max, kappa):
     """Reverse walk over the slots, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
-    s_bar, t_bar, cs_bar = g_served, g_tx, g_csum
-    c_bar = torch.zeros_like(c0)
-    gw = torch.zeros_like(w)
-    glc = torch.zeros_like(log_cum)
-    gsnr = torch.zeros_like(snr_lin)
+    bars = (torch.zeros_like(c0), g_served, g_tx, g_csum, torch.zeros_like(w), torch.zeros_like(log_cum),
+            torch.zeros_like(snr_lin))
     c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
     for k in range(K - 1, -1, -1):
         c_prev = c0 if k == 0 else _completion(served_before[k], log_cum, tau)
-        if tape:
-            values = [t[k] for t in tape]
-        else:
-            values, _ = _slot(w, c_prev, served_before[k], snr_lin, tau, num_subbands, se_max, kappa)
-        b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
-        # c = sigmoid(log(served) / tau - log_cum)
-        z_bar = c_bar * c * (1.0 - c)
-        glc = glc - z_bar
-        live = served > _tiny(served)
-        s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
-        # tx += b smin(sh, 1);  served += kappa sh se
-        b_bar = t_bar * s1
-        sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
-        q_bar = s_bar * (kappa * sh) * dsv
-        # q = log2(1 + snr / H)
-        common = q_bar / (LN2 * (H + snr_lin))
-        gsnr = gsnr + common
-        sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
-        # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(m, 1)
-        n_bar = -sh_bar * sh / N * dN
-        m_bar = (b_bar + n_bar) * db
-        # m = sum_a w_a (1 - c_a);  csum += c
-        gw = gw + m_bar * (1.0 - c_prev)
-        c_bar = cs_bar - m_bar * w
+        values = [t[k] for t in tape] if tape else None
+        bars = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_before[k], served, values, bars, tau,
+                             num_subbands, se_max, kappa)
         c, served = c_prev, served_before[k]
-    return gw, glc, gsnr
+    return bars[4:]
 
 
 class L1SlotLoop(torch.autograd.Function):
@@ -150,3 +163,104 @@ class L1SlotLoop(torch.autograd.Function):
         gw, glc, gsnr = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx,
                                   g_csum, *ctx.consts)
         return _flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), None, None, None, None, None, None, None
+
+
+# The compiled path: the slot loop as an operator that ``torch.compile`` does not trace into (its
+# graph would unroll K slots forward and backward), whose forward and backward loop over the
+# slots calling one fused kernel per slot, compiled once for every batch size.
+def _consts_slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, consts):
+    return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind())
+
+
+def _consts_slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
+                         t_bar, cs_bar, gw, glc, gsnr, tau, consts):
+    """The adjoint of one slot: ``(c_bar, s_bar, gw, glc, gsnr)`` before it (``t_bar``, ``cs_bar``
+    are the same in every slot), and the completion before the slot before it (the next
+    slot's ``c_prev``, from ``served_prev2``)."""
+    bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)
+    c_bar, s_bar, _, _, gw, glc, gsnr = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served,
+                                                      None, bars, tau, *consts.unbind())
+    return c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau)
+
+
+SLOT_FORWARD = Kernel(_consts_slot_forward)
+SLOT_ADJOINT = Kernel(_consts_slot_adjoint)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous tensor with storage of its own: a :class:`~._kernels.Kernel` calls its
+    graph without dynamo's guards, and those would treat views and aliased inputs apart."""
+    return t if t._base is None and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("isaac_net::l1_slot_loop", mutates_args=())
+def compiled_slot_loop(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Tensor, c0: torch.Tensor,
+                       tau: torch.Tensor, consts: torch.Tensor, K: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``(served, tx, csum, served_before)`` after K slots, in the loop's layout (``[A, R, E]``,
+    ``[R, E]``; ``served_before``: ``served`` at the start of each slot, K ``[R, E]``);
+    ``consts = (num_subbands, se_max, kappa)``."""
+    w, log_cum, snr_lin, c0, tau, consts = (_own(t) for t in (w, log_cum, snr_lin, c0, tau, consts))
+    served, tx, csum, c = torch.zeros_like(snr_lin), torch.zeros_like(snr_lin), torch.zeros_like(c0), c0
+    history = []
+    slot = SLOT_FORWARD.graph(w, c, served, tx, csum, snr_lin, log_cum, tau, consts)  # every slot's shapes
+    for _ in range(K):
+        history.append(served)
+        served, tx, csum, c = slot(w, c, served, tx, csum, snr_lin, log_cum, tau, consts)
+    return served, tx, csum, history
+
+
+@compiled_slot_loop.register_fake
+def _(w, log_cum, snr_lin, c0, tau, consts, K):
+    return (torch.empty_like(snr_lin), torch.empty_like(snr_lin), torch.empty_like(c0),
+            [torch.empty_like(snr_lin) for _ in range(K)])
+
+
+@torch.library.custom_op("isaac_net::l1_slot_loop_backward", mutates_args=())
+def compiled_slot_loop_backward(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Tensor,
+                                c0: torch.Tensor, served_before: list[torch.Tensor], served_K: torch.Tensor,
+                                g_served: torch.Tensor, g_tx: torch.Tensor, g_csum: torch.Tensor,
+                                tau: torch.Tensor, consts: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(gw, glc, gsnr)``: :func:`_backward`'s reverse walk, one :data:`SLOT_ADJOINT` per slot."""
+    K = len(served_before)
+    w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts = (
+        _own(t) for t in (w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts))
+    served_before = [_own(t) for t in served_before]
+    c_bar, s_bar, gw, glc, gsnr = (torch.zeros_like(c0), g_served, torch.zeros_like(w),
+                                   torch.zeros_like(log_cum), torch.zeros_like(snr_lin))
+    c, served = _completion(served_K, log_cum, tau), served_K
+    c_prev = c0 if K == 1 else _completion(served_before[K - 1], log_cum, tau)
+    adjoint = None
+    for k in range(K - 1, -1, -1):
+        # The slot before this one's start (unused at k = 0: any tensor that is not an argument already).
+        served_prev2 = served_before[k - 1] if k > 0 else served_K
+        args = (w, log_cum, snr_lin, c_prev, c, served_before[k], served, served_prev2, c_bar, s_bar, g_tx,
+                g_csum, gw, glc, gsnr, tau, consts)
+        adjoint = adjoint or SLOT_ADJOINT.graph(*args)  # every slot's shapes
+        c_bar, s_bar, gw, glc, gsnr, c_next = adjoint(*args)
+        c, served = c_prev, served_before[k]
+        c_prev = c0 if k == 1 else c_next
+    return gw, glc, gsnr
+
+
+@compiled_slot_loop_backward.register_fake
+def _(w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau, consts):
+    return torch.empty_like(w), torch.empty_like(log_cum), torch.empty_like(snr_lin)
+
+
+def _setup_context(ctx, inputs, output):
+    w, log_cum, snr_lin, c0, tau, consts, K = inputs
+    ctx.save_for_backward(w, log_cum, snr_lin, c0, tau, consts, output[0], *output[3])
+
+
+def _compiled_backward(ctx, g_served, g_tx, g_csum, _g_history):
+    w, log_cum, snr_lin, c0, tau, consts, served_K, *served_before = ctx.saved_tensors
+    zero = torch.zeros_like(snr_lin)
+    gw, glc, gsnr = compiled_slot_loop_backward(
+        w, log_cum, snr_lin, c0, served_before, served_K, zero if g_served is None else g_served,
+        zero if g_tx is None else g_tx, torch.zeros_like(c0) if g_csum is None else g_csum, tau, consts)
+    return gw, glc, gsnr, None, None, None, None
+
+
+compiled_slot_loop.register_autograd(_compiled_backward, setup_context=_setup_context)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+import warnings
 
 import torch
 
 from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
-from isaac_net.core.diff import relax
+from isaac_net.core.diff import _l1_loop, relax
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
@@ -112,7 +113,14 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     if L == 0 and not relax.is_hard(tau) and slots != "autograd":
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
         log_cum = relax._log_pos(cum) / tau
-        served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts, slots == "tape")
+        if torch.compiler.is_compiling():  # an operator looping over one compiled kernel per slot
+            flip, const_t = _l1_loop._flip_dims, torch.tensor(consts, dtype=x.dtype, device=x.device)
+            served, tx_frac, c_sum, _ = _l1_loop.compiled_slot_loop(flip(w), flip(log_cum), flip(snr_lin),
+                                                                     flip(c0), tau, const_t, K)
+            served, tx_frac, c_sum = flip(served), flip(tx_frac), flip(c_sum)
+        else:
+            served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts,
+                                                      slots == "tape")
         c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
         # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
         return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
@@ -161,8 +169,9 @@ def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
     return relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
 
 
-def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
-    """QAD: one processor-sharing interval per step with PF gain, headroom cap ``m`` and SR offset.
+def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: float):
+    """QAD: one processor-sharing interval per step with PF gain, headroom cap ``headroom`` (``[E, R]``
+    subbands, >= 1) and SR offset.
 
     :output: as ``_service_l1``.
     """
@@ -171,9 +180,9 @@ def _service_qa(x, w, mass_before, snr_lin, m, cfg: CellConfig, tau: float):
     n = busy.sum(-1, keepdim=True)
     share = cfg.num_subbands / relax.smax(n, 1.0, tau)
     if relax.is_hard(tau):
-        alloc = torch.minimum(share, m)
-    else:  # smin(share, m) = m smin(share / m, 1): both > 0 (m >= 1), so no guard for zeros
-        alloc = m * relax.smin_const(share / m, 1.0, tau)
+        alloc = torch.minimum(share, headroom)
+    else:  # smin(share, h) = h smin(share / h, 1): both > 0 (h >= 1), so no guard for zeros
+        alloc = headroom * relax.smin_const(share / headroom, 1.0, tau)
     gain = relax.harmonic(n)
     se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.bytes_per_se_s  # B/s while backlogged
@@ -244,9 +253,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if compiled and tau > 0 and tau_n > 0:
-        x = state.x
-        out = _compiled_step(mode, slots)(*tensors, *_temperatures(tau, tau_n, x.dtype, x.device), cfg)
+    if compiled and tau > 0 and tau_n > 0 and not _compile_falls_back(mode, cfg):
+        out = _run_compiled(mode, slots, tensors, tau, tau_n, cfg)
     elif _qa_fused(mode, compiled, tau, tau_n, slots):
         out = qa_step(*tensors, tau, tau_n, cfg)
     else:
@@ -267,13 +275,52 @@ def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str) -
 _COMPILED_STEPS: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _compile_falls_back(mode: str, cfg: CellConfig) -> bool:
+    """L1D with a latency floor runs eager under ``compile=True`` (warned once per config): its
+    slot loop is the mixture of ``_service_l1`` through autograd, which has no compiled kernel,
+    and unrolling K slots into one graph takes minutes to compile."""
+    if mode != "L1" or cfg.l1_sr_slots == 0:
+        return False
+    warnings.warn(f"compile=True: L1D with a latency floor (cfg.l1_sr_slots = {cfg.l1_sr_slots}) runs eager; "
+                  "only the model without a floor has a compiled slot loop", stacklevel=4)
+    return True
+
+
 def _compiled_step(mode: str, slots: str):
-    """``_step`` through ``torch.compile``: one graph per (mode, slots) and per shape and dtype,
-    forward and backward each fused by inductor; the temperatures are tensor inputs."""
+    """``_step`` through ``torch.compile``: one graph per (mode, slots), dtype, device, grad mode and
+    ``CellConfig`` serves every batch size (the batch dimension is marked dynamic, R and A stay
+    static), forward and backward each fused by inductor; the temperatures are tensor inputs.
+    L1D's slot loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``)."""
     key = (mode, slots)
     if key not in _COMPILED_STEPS:
         _COMPILED_STEPS[key] = torch.compile(functools.partial(_step, mode=mode, slots=slots), dynamic=False)
     return _COMPILED_STEPS[key]
+
+
+def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: float,
+                  cfg: CellConfig) -> StepOut:
+    """The compiled step on ``tensors``, traced for at most two patterns of inputs: all of them
+    requiring grad (the first step's zero state and a constant input become leaves whose
+    gradient is dropped; a graph per pattern would compile again for each) or, when none does
+    or grad is off, none (an inference graph)."""
+    x = tensors.x
+    temps = _temperatures(tau, tau_n, x.dtype, x.device)
+    present = [t for t in tensors if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        tensors = StepArgs._make(t if t is None or t.requires_grad else t.detach().requires_grad_()
+                                 for t in tensors)
+        return _traced(_compiled_step(mode, slots), tensors, temps, cfg)
+    with torch.no_grad():
+        return _traced(_compiled_step(mode, slots), tensors, temps, cfg)
+
+
+def _traced(fn, tensors: StepArgs, temps: tuple, cfg: CellConfig) -> StepOut:
+    # The batch dimension symbolic, R and A static (the step unrolls loops over the ages).
+    for t in tensors:
+        if t is not None:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+    return fn(*tensors, *temps, cfg)
 
 
 @functools.lru_cache(maxsize=64)
@@ -335,12 +382,15 @@ class DiffFluid:
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
     :param compile: run each step through ``torch.compile`` (L1D and QAD; inductor fuses
-        the forward into one C++ kernel and the backward into a few). Compiled once per
-        process, mode, shape and dtype; the temperatures are tensor inputs, so annealing does not
-        recompile. Warm-up: the first L1D step compiles K unrolled slots (about 3 min on
-        one core with a cold inductor cache, under a minute with a warm one; the cache
-        lives in ``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``). At
-        ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations).
+        the step's forward and backward). One compile per process, mode, dtype, device, grad
+        mode and ``CellConfig`` serves every batch size ``E`` (a symbolic dimension) and both
+        radio inputs (``snr_db``, or ``pos`` + ``tx_dbm``); the temperatures are tensor inputs,
+        so annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls
+        one compiled kernel per slot forward and one per slot backward (``_l1_loop``). Warm-up
+        with an empty inductor cache: under a minute on one core (the cost stage measures it);
+        with a warm one (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``) a few
+        seconds of tracing. At ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard
+        operations), and so does L1D with a latency floor (``cfg.l1_sr_slots > 0``, warned).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them

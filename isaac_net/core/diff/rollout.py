@@ -30,6 +30,11 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     :param warmup: steps ``t < warmup`` are run but not counted. The messages queued at the
         start of step ``warmup`` (at ``warmup = 0``: those in ``net``'s state, 0 after a reset)
         count as offered, so ``0 <= delivery_ratio <= 1``.
+    Each call starts a graph of its own: the state ``net`` holds when it starts (the previous
+    rollout's end, unless :meth:`DiffFluid.reset`) is taken as a constant, as after
+    :meth:`DiffFluid.detach`, so a second rollout backpropagates without the first one's graph.
+    Backpropagation through time across calls: ``net.step`` / ``net.advance`` in a loop.
+
     :output: per robot ``[E, R]``: ``delay, delivery, aoi, energy_j`` and the totals
         ``offered, delivered, delay_sum, timeouts, overflow, queued_msgs``; batch means
         ``mean_delay, delivery_ratio, mean_aoi, mean_energy_j`` (0-dim). Per robot, ``delay``
@@ -53,6 +58,7 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         raise ValueError("u: mean-field sends use no uniforms; pass sends='relaxed' or 'binary' with u, "
                          "or u=None")
     step_inputs = net.inputs(B, snr_db=snr_db, pos=pos, tx_dbm=tx_dbm, deadline=deadline)
+    net.detach()  # the previous rollout's graph may be freed already (its backward ran)
     acc = KpiAccumulator(warmup, queued_start=net.state.w.sum(-1) if warmup == 0 else None)
     if sends == "mean_field":
         send = p
