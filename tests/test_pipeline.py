@@ -162,7 +162,8 @@ def fixture_artifacts() -> dict[str, dict]:
                         "cuda_available": False},
             "table": cost_rows + [large], "speedups": speedups, "large": large,
             "warmups": [{"model": "L1D", "E": 16, "cold_s": 47.5, "cold_steady_s": 0.31, "cold_ratio": 153.2,
-                         "warm_s": 6.8, "warm_steady_s": 0.29, "cold_met": True, "warm_met": False}],
+                         "cold_import_s": 5.9, "warm_s": 6.8, "warm_import_s": 4.4, "warm_steady_s": 0.29,
+                         "cold_met": True, "warm_met": False}],
             "targets": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1, "measured_s": 0.12,
                          "met": False}],
             "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
@@ -376,7 +377,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
     assert "No CUDA device was visible to this run" in cost
     assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
-    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | met | **not met** |" in cost  # the warm-up row, targets evaluated
+    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | 4.4 | met | **not met** |" in cost  # the warm-up row and targets
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
