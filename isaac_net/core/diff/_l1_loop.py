@@ -59,11 +59,13 @@ def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool =
     return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
 
 
-def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa):
-    """One slot forward, without derivatives: ``(served, tx, csum, c)`` after it from the same
-    before it (the body of both loops; a :class:`~._kernels.Kernel` in the compiled one)."""
-    (b, *_, s1, _), served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=False)
-    return served, tx + b * s1, csum + c, _completion(served, log_cum, tau)  # tx += b smin(sh, 1)
+def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa, deriv=False):
+    """One slot forward: ``(served, tx, csum, c)`` after it from the same before it, and the slot's
+    ``TAPE`` values (derivatives with ``deriv``). The body of both loops (a
+    :class:`~._kernels.Kernel` in the compiled one, through :func:`_consts_slot_forward`)."""
+    values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv)
+    b, s1 = values[0], values[9]
+    return (served, tx + b * s1, csum + c, _completion(served, log_cum, tau)), values  # tx += b smin(sh, 1)
 
 
 def _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, values, bars, tau, num_subbands,
@@ -111,11 +113,10 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
     history, tape = [], []
     for _ in range(K):
         history.append(served)
+        (served, tx, csum, c), values = _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau,
+                                                      num_subbands, se_max, kappa, deriv=keep_tape)
         if keep_tape:
-            values, _ = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa)
             tape.append(values)
-        served, tx, csum, c = _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands,
-                                            se_max, kappa)
     # One [K, ...] tensor per TAPE value: 12 saved tensors instead of 12 K (each saved tensor costs
     # the autograd node, or a compiled graph's runtime wrapper, a pack and an unpack)
     return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape, strict=True)]
@@ -169,7 +170,8 @@ class L1SlotLoop(torch.autograd.Function):
 # graph would unroll K slots forward and backward), whose forward and backward loop over the
 # slots calling one fused kernel per slot, compiled once for every batch size.
 def _consts_slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, consts):
-    return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind())
+    """:func:`_slot_forward` with its constants as one tensor: ``(served, tx, csum, c)``."""
+    return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind())[0]
 
 
 def _consts_slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
