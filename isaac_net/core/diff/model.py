@@ -304,23 +304,16 @@ def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: f
     requiring grad (the first step's zero state and a constant input become leaves whose
     gradient is dropped; a graph per pattern would compile again for each) or, when none does
     or grad is off, none (an inference graph)."""
-    x = tensors.x
-    temps = _temperatures(tau, tau_n, x.dtype, x.device)
-    present = [t for t in tensors if t is not None]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+    temps = _temperatures(tau, tau_n, tensors.x.dtype, tensors.x.device)
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if training:
         tensors = StepArgs._make(t if t is None or t.requires_grad else t.detach().requires_grad_()
                                  for t in tensors)
-        return _traced(_compiled_step(mode, slots), tensors, temps, cfg)
-    with torch.no_grad():
-        return _traced(_compiled_step(mode, slots), tensors, temps, cfg)
-
-
-def _traced(fn, tensors: StepArgs, temps: tuple, cfg: CellConfig) -> StepOut:
-    # The batch dimension symbolic, R and A static (the step unrolls loops over the ages).
-    for t in tensors:
+    for t in tensors:  # the batch dimension symbolic, R and A static (the step unrolls loops over the ages)
         if t is not None:
             torch._dynamo.maybe_mark_dynamic(t, 0)
-    return fn(*tensors, *temps, cfg)
+    with torch.set_grad_enabled(training):
+        return _compiled_step(mode, slots)(*tensors, *temps, cfg)
 
 
 @functools.lru_cache(maxsize=64)
@@ -387,10 +380,11 @@ class DiffFluid:
         radio inputs (``snr_db``, or ``pos`` + ``tx_dbm``); the temperatures are tensor inputs,
         so annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls
         one compiled kernel per slot forward and one per slot backward (``_l1_loop``). Warm-up
-        with an empty inductor cache: under a minute on one core (the cost stage measures it);
-        with a warm one (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``) a few
-        seconds of tracing. At ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard
-        operations), and so does L1D with a latency floor (``cfg.l1_sr_slots > 0``, warned).
+        with an empty inductor cache: under a minute on one core; with a warm one
+        (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``) several seconds of
+        tracing in every new process (the cost stage measures both). At ``tau = 0`` or
+        ``tau_n = 0`` the step runs eager (the hard operations), and so does L1D with a latency
+        floor (``cfg.l1_sr_slots > 0``, warned).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
