@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# One worker per core (pytest-xdist); the tests of one mode's compiled graphs share a worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup
 
 # The main job: the pipeline on its default (full) profile; renders reports/checks_and_measurements.md.
 report pipeline: $(STAMP)

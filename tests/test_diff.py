@@ -517,10 +517,13 @@ def test_qa_rollout_node_frees_its_steps_unless_the_graph_is_retained():
 
 
 COMPILE_CFG = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4)  # the compile tests share its graphs
+# Under pytest-xdist (make test) the tests of one mode's compiled graphs run in one worker, which
+# compiles them once; the L1 and QA groups compile side by side.
+COMPILED_MODES = [pytest.param(m, marks=pytest.mark.xdist_group(f"compiled-{m}")) for m in ("L1", "QA")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["L1", "QA"])
+@pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_compiled_equals_eager(mode):
     cfg = COMPILE_CFG
     s = seed_scenario("normal", E=2, R=3, T=5)
@@ -538,15 +541,17 @@ def test_compiled_equals_eager(mode):
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.xdist_group("compiled-L1")
 def test_compiled_slot_loop_equals_the_eager_node():
     """The compiled path's slot-loop operator (one compiled kernel per slot, forward and adjoint)
-    against the eager node, values and gradients, float64, at two batch sizes of one kernel."""
+    against the eager node, values and gradients, float64, at two batch sizes of one kernel
+    (R = 3 robots and A = 4 ages: the kernels of COMPILE_CFG's steps, compiled once for all)."""
     from isaac_net.core.diff import _l1_loop
 
     g = torch.Generator().manual_seed(5)
     compiles = None
     for E in (3, 7):
-        R, A, K, tau = 4, 5, 6, 0.07
+        R, A, K, tau = 3, COMPILE_CFG.timeout_steps, 6, 0.07
         w = torch.rand(E, R, A, generator=g, dtype=F64).requires_grad_()
         log_cum = (torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau).requires_grad_()
         snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
@@ -571,7 +576,7 @@ def test_compiled_slot_loop_equals_the_eager_node():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["L1", "QA"])
+@pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_compiled_step_compiles_once_for_every_batch_size(mode):
     """One compile serves E = 8 ... 256 and both radio inputs (snr_db, or pos + tx_dbm); grad mode
     is the one other thing that compiles again."""
@@ -595,6 +600,37 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
             counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
             assert kernels is None or counts == kernels, (radio, E)
             first, kernels = False, counts
+
+
+def _kernel_body(a, b):
+    """A kernel's function (module level: the store's key names its module and qualified name)."""
+    return a * b + 1.0, torch.exp(-a) * b
+
+
+def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypatch):
+    """A Kernel keeps what inductor compiled on disk; a new Kernel of the same function (as in a new
+    process: nothing in memory) loads it for any batch size instead of tracing again, and a
+    damaged store file is compiled again, not trusted."""
+    from isaac_net.core.diff import _kernels
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    g = torch.Generator().manual_seed(9)
+    a, b = (torch.rand(3, 5, generator=g, dtype=F64) for _ in range(2))
+    first = _kernels.Kernel(_kernel_body)
+    torch.testing.assert_close(first(a, b), _kernel_body(a, b), rtol=1e-12, atol=0)
+    assert (first.num_compiles, first.num_loads) == (1, 0)
+    kept = sorted(f.suffix for f in tmp_path.iterdir())
+    assert kept == [".json", ".py"]
+
+    a2, b2 = (torch.rand(3, 11, generator=g, dtype=F64) for _ in range(2))  # another batch size
+    second = _kernels.Kernel(_kernel_body)
+    torch.testing.assert_close(second(a2, b2), _kernel_body(a2, b2), rtol=1e-12, atol=0)
+    assert (second.num_compiles, second.num_loads) == (0, 1)
+
+    next(tmp_path.glob("*.json")).write_text('{"spec": [[0, null]], "stat')  # a write cut short
+    third = _kernels.Kernel(_kernel_body)
+    torch.testing.assert_close(third(a, b), _kernel_body(a, b), rtol=1e-12, atol=0)
+    assert (third.num_compiles, third.num_loads) == (1, 0)
 
 
 def test_a_second_rollout_backpropagates_without_the_first_ones_graph():

@@ -16,6 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
 
+import _optimise  # noqa: E402
 import nn_proxy  # noqa: E402
 import opt_rates  # noqa: E402
 import placement  # noqa: E402
@@ -66,7 +67,7 @@ def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
     res = discrete_rollout("L1", 8, torch.full((3, 4), 0.5), torch.full((3, 4), 2e4),
                            snr_db=10 + 20 * torch.rand(3, 4, generator=g), warmup=2, generator=g)
     per = sensitivity.replicate_kpis(res, 1)
-    env = opt_rates.env_kpis(res)
+    env = _optimise.env_kpis(res)
     for k in sensitivity.KPIS:
         torch.testing.assert_close(per[k][0], res[k].to(per[k].dtype))
         assert env[k].shape == (3,)
@@ -91,9 +92,9 @@ def test_ratio_interval():
 
 
 def test_anneal_is_geometric():
-    assert opt_rates.anneal(0.2, 0.02, 0, 150) == pytest.approx(0.2)
-    assert opt_rates.anneal(0.2, 0.02, 149, 150) == pytest.approx(0.02)
-    assert opt_rates.anneal(0.2, 0.02, 1, 3) == pytest.approx(math.sqrt(0.2 * 0.02))
+    assert _optimise.anneal(0.2, 0.02, 0, 150) == pytest.approx(0.2)
+    assert _optimise.anneal(0.2, 0.02, 149, 150) == pytest.approx(0.02)
+    assert _optimise.anneal(0.2, 0.02, 1, 3) == pytest.approx(math.sqrt(0.2 * 0.02))
 
 
 @pytest.mark.parametrize("study", ["opt_rates", "placement"])
@@ -126,14 +127,14 @@ def test_optimisation_studies_write_the_artifact(study, tmp_path):
 
 def test_uniform_policy_is_the_best_of_its_grid():
     params = tiny("opt_rates", E=2, R=3, T_eval=6, warmup_eval=1, uniform={"p": [0.1, 0.9], "tx_dbm": [5.0, 23.0]})
-    sc = opt_rates.scenario(2, 3, params, torch.float32)
+    sc = _optimise.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
-    best, info = opt_rates.uniform_search(sc, params, dec, progress=False)
+    best, info = _optimise.uniform_search(sc, params, dec, progress=False)
     grid = [(p, t) for p in params["uniform"]["p"] for t in params["uniform"]["tx_dbm"]]
     # The policies are scored as one batch of envs (policy-major), as the search does.
-    k = opt_rates.discrete_score(params["level"], 6, 1, dec.uniform(grid), sc["u_train"].repeat(1, len(grid), 1),
+    k = _optimise.discrete_score(params["level"], 6, 1, dec.uniform(grid), sc["u_train"].repeat(1, len(grid), 1),
                                  cfg=None, seed=params["seed"], dtype=torch.float32)
-    costs = opt_rates.env_cost(k, params["cost"]).reshape(len(grid), 2).mean(-1).tolist()
+    costs = _optimise.env_cost(k, params["cost"]).reshape(len(grid), 2).mean(-1).tolist()
     assert (info["p"], info["tx_dbm"]) == grid[min(range(len(grid)), key=costs.__getitem__)]
     assert info["train_cost"] == pytest.approx(min(costs), rel=1e-6)
     assert float(best["p"].unique()) == pytest.approx(info["p"])
@@ -142,23 +143,23 @@ def test_uniform_policy_is_the_best_of_its_grid():
 def test_random_search_keeps_the_best_candidate():
     # A deterministic level: L2-legacy's draws depend on the env's index in the batch.
     params = tiny("opt_rates", level="L1", E=2, R=3, candidates=4, T_eval=6, warmup_eval=1, rs_chunk_envs=4)
-    sc = opt_rates.scenario(2, 3, params, torch.float32)
+    sc = _optimise.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
-    best = opt_rates.random_search(sc, params, opt_rates._Sampler(dec), progress=False)
-    kept = opt_rates.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None, seed=params["seed"],
+    best = _optimise.random_search(sc, params, _optimise._Sampler(dec), progress=False)
+    kept = _optimise.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None, seed=params["seed"],
                                     dtype=torch.float32)
-    cost = opt_rates.env_cost(kept, params["cost"])
+    cost = _optimise.env_cost(kept, params["cost"])
     # Every candidate of the same draw is at least as costly as the kept one.
-    cands = opt_rates._Sampler(dec)(4, opt_rates.generator(params["seed"] + 2))
-    k = opt_rates.discrete_score(params["level"], 6, 1, cands, sc["u_train"].repeat(1, 4, 1), cfg=None,
+    cands = _optimise._Sampler(dec)(4, _optimise.generator(params["seed"] + 2))
+    k = _optimise.discrete_score(params["level"], 6, 1, cands, sc["u_train"].repeat(1, 4, 1), cfg=None,
                                  seed=params["seed"], dtype=torch.float32)
-    all_costs = opt_rates.env_cost(k, params["cost"]).reshape(4, 2)
+    all_costs = _optimise.env_cost(k, params["cost"]).reshape(4, 2)
     torch.testing.assert_close(cost, all_costs.min(0).values)
 
 
 def test_placement_movement_cost():
     params = tiny("placement", E=2, R=3)
-    sc = opt_rates.scenario(2, 3, params, torch.float64)
+    sc = _optimise.scenario(2, 3, params, torch.float64)
     d = placement.PlacementDecisions(sc, params)
     with torch.no_grad():
         assert float(d.extra_cost(d(d.init())).abs().max()) == 0.0

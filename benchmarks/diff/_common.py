@@ -24,7 +24,11 @@ import numpy as np
 import scipy.stats
 import torch
 
+from isaac_net.core.diff.calibrate import KPIS  # noqa: F401 (the per-env KPI means, every table's order)
+
 REPO = Path(__file__).resolve().parents[2]
+KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "AoI",
+             "mean_energy_j": "energy"}
 
 
 def _git(*args: str) -> str | None:
@@ -115,8 +119,11 @@ class Stage:
         # rewritten by the run itself, so they do not count.
         status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
                       ":(exclude)benchmarks/diff/results", ":(exclude)reports/checks_and_measurements.md",
+                      ":(exclude)reports/checks_and_measurements.trace.json",
                       ":(exclude)reports/figures")
-        seeds = {k: v for k, v in self.params.items() if k == "seed" or k.endswith("_seed")}
+        # RNG seeds: ``seed`` and ``<what>_seed``; ``envs_per_seed`` is a count of cells.
+        seeds = {k: v for k, v in self.params.items()
+                 if k == "seed" or (k.endswith("_seed") and not k.endswith("_per_seed"))}
         return {
             "stage": self.name,
             "profile": self.profile,

@@ -3,10 +3,13 @@ so that a rerun with the same numbers writes the same bytes."""
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 _METADATA = {"Software": None, "Date": None}
 _COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -62,5 +65,159 @@ def fd_error(rows: list[dict], steps: list[float], path: str) -> None:
     ax.set_title("Directional derivative of the KPI mix")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def calibration_sweep(sweep: dict, path: str, kpi_label: dict) -> None:
+    """Delay, delivery and AoI against p for each message size of the sweep: L2-legacy (black)
+    against each model uncalibrated (dashed) and calibrated (solid).
+
+    :input sweep: ``points`` (p, size_bytes, ...), ``L2-legacy`` {kpi: [per point]} and
+        ``models`` {model: {"uncalibrated"|"calibrated": {kpi: [per point]}}}.
+    """
+    pts = sweep["points"]
+    sizes = sorted({p[1] for p in pts})
+    kpis = ("mean_delay", "delivery_ratio", "mean_aoi")
+    ylabel = {"mean_delay": "mean delay, steps", "delivery_ratio": "delivery ratio",
+              "mean_aoi": "mean AoI, steps"}
+    fig, axes = plt.subplots(len(sizes), len(kpis), figsize=(4.2 * len(kpis), 3.2 * len(sizes)),
+                             squeeze=False)
+    for i, size in enumerate(sizes):
+        idx = [j for j, p in enumerate(pts) if p[1] == size]
+        ps = [pts[j][0] for j in idx]
+        for ax, k in zip(axes[i], kpis, strict=True):
+            ax.plot(ps, [sweep["L2-legacy"][k][j] for j in idx], "k-o", ms=3, lw=1.6, label="L2-legacy")
+            for m, (model, curves) in enumerate(sweep["models"].items()):
+                col = _COLORS[m % len(_COLORS)]
+                label = model.replace("_", "D ", 1).replace("mean_field", "mean-field")
+                for name, ls, lw in (("uncalibrated", "--", 0.9), ("calibrated", "-", 1.2)):
+                    ax.plot(ps, [curves[name][k][j] for j in idx], ls=ls, lw=lw, color=col,
+                            label=f"{label}, {name}")
+            ax.set_xlabel("send probability p")
+            ax.set_ylabel(ylabel[k])
+            if k != "delivery_ratio":
+                ax.set_yscale("log")
+            ax.set_title(f"{kpi_label[k]}, {size / 1000:g} kB messages", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=6, ncol=1)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def proxy_fit(payload: dict, path: str, targets: tuple[str, ...], kpi_label: dict) -> None:
+    """Held-out predicted vs true per KPI, and proxy gradient vs L2-legacy FD (scaled).
+
+    :input payload: ``_scatter`` {target: {"true", "pred"}}, ``summary`` (``level``,
+        ``heldout_r2_<target>``) and ``table`` rows with ``proxy``, ``fd_mean``, ``fd_se``.
+    """
+    sc, s = payload["_scatter"], payload["summary"]
+    fig, axes = plt.subplots(1, len(targets) + 1, figsize=(3.4 * (len(targets) + 1), 3.4))
+    for ax, k in zip(axes, targets, strict=False):
+        t = np.array([np.nan if v is None else v for v in sc[k]["true"]], dtype=float)
+        p = np.array(sc[k]["pred"], dtype=float)
+        ax.scatter(t, p, s=3, alpha=0.4)
+        ok = np.isfinite(t)
+        if ok.any():
+            lo, hi = min(t[ok].min(), p[ok].min()), max(t[ok].max(), p[ok].max())
+            ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+        r2 = s[f"heldout_r2_{k}"]
+        ax.set_title(f"{kpi_label[k]}: held-out R² {r2:.3g}" if r2 is not None else kpi_label[k], fontsize=9)
+        ax.set_xlabel(f"{s['level']} (per robot)")
+    axes[0].set_ylabel("proxy")
+    ax = axes[-1]
+    for r in payload["table"]:
+        scale = abs(r["fd_mean"]) + 2 * r["fd_se"]
+        if not scale:
+            continue
+        y = max(min(r["proxy"] / scale, 5.0), -5.0)
+        ax.errorbar(r["fd_mean"] / scale, y, xerr=2 * r["fd_se"] / scale, fmt="o", ms=4)
+    ax.plot([-1.2, 1.2], [-1.2, 1.2], "k:", lw=0.8)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_title("per-robot gradients, one point per table row (scaled)", fontsize=8)
+    ax.set_xlabel("L2-legacy FD ± 2 SE")
+    ax.set_ylabel("proxy (clipped at ±5)")
+    fig.tight_layout()
+    save(fig, path)
+
+
+def gradient_ratios(detail: list[dict], path: str, within: float) -> None:
+    """Ratio model gradient / L2-legacy FD with its 95 % interval, one panel per operating
+    point, one column of markers per derivative the FD resolves (symlog axis: a negative
+    ratio is a sign disagreement; 1 is agreement in sign and size; the band is "within x2").
+    Uncalibrated models as open markers, calibrated as filled ones in the same colour.
+
+    :input detail: rows with ``model``, ``op``, ``held_out``, ``derivative``,
+        ``fd_significant``, ``ratio``, ``ratio_lo``, ``ratio_hi``.
+    """
+    models = list(dict.fromkeys(d["model"] for d in detail))
+    bases = list(dict.fromkeys(m.removesuffix(" cal") for m in models))
+    ops = list(dict.fromkeys(d["op"] for d in detail))
+    held = {d["op"]: d["held_out"] for d in detail}
+    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.4 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops, strict=True):
+        labels = list(dict.fromkeys(d["derivative"] for d in detail if d["op"] == op and d["fd_significant"]))
+        for j, m in enumerate(models):
+            rows = [d for d in detail if d["op"] == op and d["model"] == m and d["fd_significant"]]
+            xs, ys, lo, hi = [], [], [], []
+            for d in rows:
+                r = max(min(d["ratio"], 1e3), -1e3)
+                xs.append(labels.index(d["derivative"]) + (j - (len(models) - 1) / 2) * 0.09)
+                ys.append(r)
+                l_, h_ = d["ratio_lo"], d["ratio_hi"]
+                lo.append(max(r - max(min(l_, 1e3), -1e3), 0.0) if math.isfinite(l_) else 0.0)
+                hi.append(max(max(min(h_, 1e3), -1e3) - r, 0.0) if math.isfinite(h_) else 0.0)
+            col = _COLORS[bases.index(m.removesuffix(" cal")) % len(_COLORS)]
+            cal = m.endswith(" cal")
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=col, mfc=col if cal else "none", label=m,
+                        elinewidth=0.7, alpha=1.0 if cal else 0.6)
+        ax.axhspan(1.0 / within, within, color="green", alpha=0.08, lw=0)
+        ax.axhline(1.0, color="k", ls=":", lw=0.8)
+        ax.axhline(0.0, color="grey", lw=0.5)
+        ax.set_yscale("symlog", linthresh=1e-2)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("model / L2-legacy FD")
+        kind = "held-out point" if held[op] else "stage point"
+        ax.set_title(f"{op} ({kind}): derivatives the FD resolves (|mean| > 2 SE), 95 % CI; "
+                     f"open = uncalibrated, filled = calibrated", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=4)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def optimisation(payload: dict, path: str, title: str) -> None:
+    """The held-out cost on ``level`` of each gradient run against the iteration (left), with the
+    start, random search and the uniform policy as lines; each solution's cost on ``level`` per
+    env as a box (right).
+
+    :input payload: ``summary["level"]``, ``table`` rows (``solution``, ``cost``), ``history``
+        {run: [{"iter", "level_cost_heldout"}]} and ``env_costs`` {solution: [per env]}.
+    """
+    s, by = payload["summary"], {r["solution"]: r for r in payload["table"]}
+    lvl = s["level"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]})
+    for name, hist in payload["history"].items():
+        pts = [(h["iter"], h["level_cost_heldout"]) for h in hist if "level_cost_heldout" in h]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=f"{name.removeprefix('gradient, ')}")
+    for base, ls in (("start", ":"), ("random search", "--"), ("uniform policy", "-.")):
+        if base in by:
+            ax.axhline(by[base]["cost"], color="k", ls=ls, lw=1, label=base)
+    ax.set_yscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"cost on {lvl}, held-out sends (mean over envs)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    names = [r["solution"] for r in payload["table"]]
+    bx.boxplot([payload["env_costs"][n] for n in names], orientation="horizontal", showfliers=True)
+    bx.set_yticks(range(1, len(names) + 1))
+    bx.set_yticklabels([n.removeprefix("gradient, ") for n in names], fontsize=7)
+    bx.set_xscale("log")
+    bx.set_xlabel(f"cost per env on {lvl}, held-out sends")
+    bx.grid(alpha=0.3, which="both")
     fig.tight_layout()
     save(fig, path)

@@ -16,16 +16,12 @@ import time
 import torch
 
 try:
-    from _common import cell_config, run
+    from _common import KPI_LABEL, cell_config, run
+    from _plots import calibration_sweep
 except ImportError:  # imported as benchmarks.diff.calibrate (tests)
-    from benchmarks.diff._common import cell_config, run
+    from benchmarks.diff._common import KPI_LABEL, cell_config, run
+    from benchmarks.diff._plots import calibration_sweep
 
-KPI_LABEL = {
-    "mean_delay": "delay",
-    "delivery_ratio": "delivery",
-    "mean_aoi": "AoI",
-    "mean_energy_j": "energy",
-}
 
 
 def point_sets(params: dict) -> dict:
@@ -183,7 +179,7 @@ def merge(stage, params: dict, out: dict) -> None:
     }
     fig_name = None
     if "figure" in out:
-        figure(sweep, out["figure"])
+        calibration_sweep(sweep, out["figure"], KPI_LABEL)
         fig_name = out["figure"].rsplit("/", 1)[-1]
     payload = {
         "format": calibrate.FORMAT,
@@ -195,50 +191,6 @@ def merge(stage, params: dict, out: dict) -> None:
         **({"figure": fig_name} if fig_name else {}),
     }
     stage.write_json(out["json"], payload)
-
-
-def figure(sweep: dict, path: str) -> None:
-    """Delay, delivery and AoI against p for each message size of the sweep: L2-legacy (black)
-    against each model uncalibrated (dashed) and calibrated (solid)."""
-    try:
-        from _plots import save
-    except ImportError:
-        from benchmarks.diff._plots import save
-    import matplotlib.pyplot as plt
-
-    pts = sweep["points"]
-    sizes = sorted({p[1] for p in pts})
-    kpis = ("mean_delay", "delivery_ratio", "mean_aoi")
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(
-        len(sizes), len(kpis), figsize=(4.2 * len(kpis), 3.2 * len(sizes)), squeeze=False
-    )
-    for i, size in enumerate(sizes):
-        idx = [j for j, p in enumerate(pts) if p[1] == size]
-        ps = [pts[j][0] for j in idx]
-        for ax, k in zip(axes[i], kpis, strict=True):
-            ax.plot(ps, [sweep["L2-legacy"][k][j] for j in idx], "k-o", ms=3, lw=1.6, label="L2-legacy")
-            for m, (model, curves) in enumerate(sweep["models"].items()):
-                col = colors[m % len(colors)]
-                label = model.replace("_", "D ", 1).replace("mean_field", "mean-field")
-                for name, ls, lw in (("uncalibrated", "--", 0.9), ("calibrated", "-", 1.2)):
-                    ax.plot(ps, [curves[name][k][j] for j in idx], ls=ls, lw=lw, color=col,
-                            label=f"{label}, {name}")
-            ax.set_xlabel("send probability p")
-            ax.set_ylabel(
-                {
-                    "mean_delay": "mean delay, steps",
-                    "delivery_ratio": "delivery ratio",
-                    "mean_aoi": "mean AoI, steps",
-                }[k]
-            )
-            if k != "delivery_ratio":
-                ax.set_yscale("log")
-            ax.set_title(f"{KPI_LABEL[k]}, {size / 1000:g} kB messages", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-    axes[0][0].legend(fontsize=6, ncol=1)
-    fig.tight_layout()
-    save(fig, path)
 
 
 def main(stage, params: dict, out: dict, part: str | None = None) -> None:

@@ -14,10 +14,9 @@ Inputs are in natural units: p, message size in kB, tx in dBm, positions in m.
 """
 
 import torch
-from _common import cell_config, draw_inputs, generator, loglog_slope, parts, run
+from _common import KPIS, cell_config, draw_inputs, generator, loglog_slope, parts, run
 from tqdm import tqdm
 
-KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
 INPUTS = ("p", "B", "tx", "pos")
 SIGNS = (  # (kpi, input, expected sign of the summed gradient)
     ("mean_delay", "B", 1),

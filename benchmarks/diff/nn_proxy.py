@@ -26,8 +26,10 @@ from tqdm import tqdm
 
 try:
     from _common import cell_config, generator, ratio_ci, run
+    from _plots import proxy_fit
 except ImportError:  # imported as benchmarks.diff.nn_proxy (tests)
     from benchmarks.diff._common import cell_config, generator, ratio_ci, run
+    from benchmarks.diff._plots import proxy_fit
 
 from isaac_net.core.diff import proxy as px
 
@@ -160,51 +162,12 @@ def compute(params: dict, model_path: str | None = None, progress: bool = True, 
             "_scatter": scatter}
 
 
-def figure(payload: dict, path: str) -> None:
-    """Held-out predicted vs true per KPI, and proxy gradient vs L2-legacy FD (scaled)."""
-    try:
-        from _plots import save
-    except ImportError:
-        from benchmarks.diff._plots import save
-    import matplotlib.pyplot as plt
-
-    sc, s = payload["_scatter"], payload["summary"]
-    fig, axes = plt.subplots(1, len(px.TARGETS) + 1, figsize=(3.4 * (len(px.TARGETS) + 1), 3.4))
-    for ax, k in zip(axes, px.TARGETS, strict=False):
-        t = np.array([np.nan if v is None else v for v in sc[k]["true"]], dtype=float)
-        p = np.array(sc[k]["pred"], dtype=float)
-        ax.scatter(t, p, s=3, alpha=0.4)
-        ok = np.isfinite(t)
-        if ok.any():
-            lo, hi = min(t[ok].min(), p[ok].min()), max(t[ok].max(), p[ok].max())
-            ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
-        r2 = s[f"heldout_r2_{k}"]
-        ax.set_title(f"{KPI_LABEL[k]}: held-out R² {r2:.3g}" if r2 is not None else KPI_LABEL[k], fontsize=9)
-        ax.set_xlabel(f"{s['level']} (per robot)")
-    axes[0].set_ylabel("proxy")
-    ax = axes[-1]
-    for r in payload["table"]:
-        scale = abs(r["fd_mean"]) + 2 * r["fd_se"]
-        if not scale:
-            continue
-        y = max(min(r["proxy"] / scale, 5.0), -5.0)
-        ax.errorbar(r["fd_mean"] / scale, y, xerr=2 * r["fd_se"] / scale, fmt="o", ms=4)
-    ax.plot([-1.2, 1.2], [-1.2, 1.2], "k:", lw=0.8)
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.axvline(0, color="grey", lw=0.5)
-    ax.set_title("per-robot gradients, one point per table row (scaled)", fontsize=8)
-    ax.set_xlabel("L2-legacy FD ± 2 SE")
-    ax.set_ylabel("proxy (clipped at ±5)")
-    fig.tight_layout()
-    save(fig, path)
-
-
 def main(stage, params: dict, out: dict) -> None:
     """Neural proxy: fit to L2-legacy per-robot KPIs, held-out quality, gradients vs FD."""
     payload = compute(params, out.get("model"), device=stage.device)
     fig_name = None
     if "figure" in out:
-        figure(payload, out["figure"])
+        proxy_fit(payload, out["figure"], px.TARGETS, KPI_LABEL)
         fig_name = out["figure"].rsplit("/", 1)[-1]
     for k, v in payload["summary"].items():
         print(f"  {k}: {v}")

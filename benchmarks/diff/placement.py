@@ -10,7 +10,7 @@ Cost per env: the KPI cost of ``opt_rates`` (delay, AoI, energy, delivery shortf
 Send probability, message sizes and transmit power are fixed. Random candidates move each
 robot uniformly within a disk of ``radius_m`` around its task position. The optimiser
 machinery (annealing, scoring on the discrete level with held-out sends and on
-L2-legacy) is ``opt_rates``'.
+L2-legacy) is ``_optimise``, shared with ``opt_rates``.
 """
 
 
@@ -18,10 +18,10 @@ import torch
 
 try:
     from _common import run
-    from opt_rates import compute, write
+    from _optimise import compute, write
 except ImportError:  # imported as benchmarks.diff.placement (tests)
     from benchmarks.diff._common import run
-    from benchmarks.diff.opt_rates import compute, write
+    from benchmarks.diff._optimise import compute, write
 
 
 class PlacementDecisions:

@@ -41,13 +41,12 @@ import torch
 from tqdm import tqdm
 
 try:
-    from _common import cell_config, generator, ratio_ci, run
+    from _common import KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
+    from _plots import gradient_ratios
 except ImportError:  # imported as benchmarks.diff.sensitivity (tests)
-    from benchmarks.diff._common import cell_config, generator, ratio_ci, run
+    from benchmarks.diff._common import KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
+    from benchmarks.diff._plots import gradient_ratios
 
-KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
-KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "AoI",
-             "mean_energy_j": "energy"}
 INPUTS = ("p", "kbytes", "tx_db", "dist_m")
 INPUT_LABEL = {"p": "p", "kbytes": "kB", "tx_db": "tx dB", "dist_m": "dist m"}
 SENDS = {"mf": "mean_field", "rb": "relaxed"}
@@ -327,55 +326,6 @@ def compute(params: dict, progress: bool = True, device: str = "cpu", calibratio
     return merge(params, parts, cals)
 
 
-def figure(detail: list[dict], path: str) -> None:
-    """Ratio model gradient / L2-legacy FD with its 95 % interval, one panel per operating
-    point, one column of markers per derivative the FD resolves (symlog axis: a negative
-    ratio is a sign disagreement; 1 is agreement in sign and size; the band is "within x2").
-    Uncalibrated models as open markers, calibrated as filled ones in the same colour."""
-    try:
-        from _plots import save
-    except ImportError:
-        from benchmarks.diff._plots import save
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(d["model"] for d in detail))
-    bases = list(dict.fromkeys(m.removesuffix(" cal") for m in models))
-    ops = list(dict.fromkeys(d["op"] for d in detail))
-    held = {d["op"]: d["held_out"] for d in detail}
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.4 * len(ops)), squeeze=False)
-    for ax, op in zip(axes[:, 0], ops, strict=True):
-        labels = list(dict.fromkeys(d["derivative"] for d in detail if d["op"] == op and d["fd_significant"]))
-        for j, m in enumerate(models):
-            rows = [d for d in detail if d["op"] == op and d["model"] == m and d["fd_significant"]]
-            xs, ys, lo, hi = [], [], [], []
-            for d in rows:
-                r = max(min(d["ratio"], 1e3), -1e3)
-                xs.append(labels.index(d["derivative"]) + (j - (len(models) - 1) / 2) * 0.09)
-                ys.append(r)
-                l_, h_ = d["ratio_lo"], d["ratio_hi"]
-                lo.append(max(r - max(min(l_, 1e3), -1e3), 0.0) if math.isfinite(l_) else 0.0)
-                hi.append(max(max(min(h_, 1e3), -1e3) - r, 0.0) if math.isfinite(h_) else 0.0)
-            col = colors[bases.index(m.removesuffix(" cal")) % len(colors)]
-            cal = m.endswith(" cal")
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=col, mfc=col if cal else "none", label=m,
-                        elinewidth=0.7, alpha=1.0 if cal else 0.6)
-        ax.axhspan(1.0 / WITHIN, WITHIN, color="green", alpha=0.08, lw=0)
-        ax.axhline(1.0, color="k", ls=":", lw=0.8)
-        ax.axhline(0.0, color="grey", lw=0.5)
-        ax.set_yscale("symlog", linthresh=1e-2)
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("model / L2-legacy FD")
-        kind = "held-out point" if held[op] else "stage point"
-        ax.set_title(f"{op} ({kind}): derivatives the FD resolves (|mean| > 2 SE), 95 % CI; "
-                     f"open = uncalibrated, filled = calibrated", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=4)
-    fig.tight_layout()
-    save(fig, path)
-
-
 def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     """Gradients of L1D and QAD (uncalibrated and calibrated) against L2-legacy finite differences
     with CRN: one part per operating point (``op-<name>``), then ``merge``."""
@@ -394,7 +344,7 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
         payload = compute(params, device=stage.device, calibration=out.get("calibration"))
     fig_name = None
     if "figure" in out:
-        figure(payload["rows"], out["figure"])
+        gradient_ratios(payload["rows"], out["figure"], WITHIN)
         fig_name = out["figure"].rsplit("/", 1)[-1]
     stage.write_json(out["json"], {**payload, **({"figure": fig_name} if fig_name else {})})
 

@@ -55,6 +55,7 @@ rule opt_rates:
     input:
         library=LIBRARY,
         helpers=HELPERS,
+        scripts=["benchmarks/diff/_optimise.py"],
         calibration=ARTIFACTS["calibration"],
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
@@ -77,7 +78,7 @@ rule placement:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        scripts=["benchmarks/diff/opt_rates.py"],
+        scripts=["benchmarks/diff/_optimise.py"],
         calibration=ARTIFACTS["calibration"],
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
@@ -100,7 +101,6 @@ rule nn_proxy:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        scripts=["benchmarks/diff/sensitivity.py"],
     output:
         json=report(ARTIFACTS["nn_proxy"], caption="../report/nn_proxy.rst", category="nn_proxy"),
         figure=report(f"{RESULTS}/nn_proxy.png", caption="../report/nn_proxy.rst", category="nn_proxy"),

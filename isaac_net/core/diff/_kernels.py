@@ -8,11 +8,26 @@ keeps the graph that inductor compiled and afterwards calls that graph directly:
 frame evaluation costs about 0.1 ms per call on a machine of this kind, several times the
 fused kernel on small tensors, and a step makes 2 K such calls. A kernel runs without
 autograd: it is the inside of a node whose backward is another kernel.
+
+A compiled kernel is also kept on disk, in ``isaac_net_kernels/`` of inductor's cache directory
+(``TORCHINDUCTOR_CACHE_DIR``): inductor's generated module and how to call it, keyed by the
+function and its module's source, the library's sources, torch's version and inductor's
+settings, the CPU's vector instructions, the dtype, device and static sizes. A later process
+loads it instead of tracing the function again (dynamo and AOT tracing of the two slot
+kernels were most of a warm first call); a loaded kernel is checked once against the
+function run eagerly, and one that does not match, load or parse is compiled as if nothing
+were kept.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
+import os
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -37,6 +52,39 @@ class _Graph:
     def __call__(self, *args: torch.Tensor):
         return self.fn([args[i] if d is None else args[i].shape[d] for i, d in self.spec])
 
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "static": self.static, "ndims": list(self.ndims)}
+
+
+@functools.cache
+def _library_key() -> str:
+    """What a kept kernel depends on besides its function and shapes: every source of the library
+    (a kernel's body calls into several modules), torch, inductor's settings, the CPU's vector
+    instructions."""
+    import torch._inductor.config as inductor_config
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(torch.backends.cpu.get_cpu_capability().encode())
+    h.update(repr(sorted(inductor_config.save_config_portable().items())).encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def _source_key(path: str) -> str:
+    """The hash of a kernel function's own module (it may live outside the library)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _store() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "isaac_net_kernels"
+
 
 class Kernel:
     """``fn`` (contiguous tensors of one dtype and device with storage of their own in, no views and
@@ -51,11 +99,12 @@ class Kernel:
     def __init__(self, fn):
         self.fn = fn
         self._names = list(inspect.signature(fn).parameters)
-        self._dynamo = torch.compile(fn, backend=self._keep, dynamic=False, fullgraph=True)
+        self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []
         self._by_shapes: dict = {}  # (dtype, device, shapes) -> the graph that takes them
         self._kept = None
         self.num_compiles = 0
+        self.num_loads = 0  # graphs loaded from the disk store instead of compiled
 
     def __call__(self, *args: torch.Tensor):
         return self.graph(*args)(*args)
@@ -77,10 +126,17 @@ class Kernel:
         if any(t._base is not None for t in args) or len({t.data_ptr() for t in args}) < len(args):
             raise ValueError(f"Kernel({self.fn.__name__}): expected tensors with storage of their own "
                              "(no views, no argument twice)")
+        graph = self._load(args)
+        if graph is not None:
+            self._graphs.append(graph)
+            self.num_loads += 1
+            return graph
         for t in args:  # the batch dimension, last in the loops' layout; 0-d and 1-d constants stay static
             if t.dim() > 1:
                 torch._dynamo.maybe_mark_dynamic(t, t.dim() - 1)
         self._kept = None
+        if self._dynamo is None:
+            self._dynamo = torch.compile(self.fn, backend=self._keep, dynamic=False, fullgraph=True)
         with torch.no_grad():
             result = self._dynamo(*args)
         if self._kept is None:
@@ -96,9 +152,62 @@ class Kernel:
         # the same outputs as the whole compiled function; that function where not.
         if graph.fn is None or not _same(graph(*args), result):
             graph.fn = lambda inputs, fn=compiled: fn(*inputs)
+        else:
+            self._save(args, graph, inner)
         self._graphs.append(graph)
         self.num_compiles += 1
         return self._graphs[-1]
+
+    def _path(self, args: tuple) -> Path:
+        """The store's file for these arguments: their dtype, device and sizes, the batch (last)
+        dimension of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1)."""
+        sizes = [[-1 if t.dim() > 1 and d == t.dim() - 1 and n != 1 else n
+                  for d, n in enumerate(t.shape)] for t in args]
+        what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
+                _library_key(), str(args[0].dtype), str(args[0].device), sizes]
+        return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.json"
+
+    def _save(self, args: tuple, graph: _Graph, inner) -> None:
+        """Keep a compiled graph for later processes: inductor's generated module (``<key>.py``)
+        and how to call it (``<key>.json``, written last: a reader finds both or neither)."""
+        if inner.constants or getattr(inner, "torchbind_constants", None) or not inner.source_code:
+            return  # a graph with constants needs them at load: compiled each process
+        path = self._path(args)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for target, text in ((path.with_suffix(".py"), inner.source_code),
+                                 (path, json.dumps(graph.to_json()))):
+                tmp = target.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(text)
+                os.replace(tmp, target)  # atomic: a concurrent reader sees the old file or the new one
+        except OSError as e:  # a read-only cache: compile each process, as torch would
+            warnings.warn(f"Kernel({self.fn.__name__}): could not keep the compiled kernel ({e})",
+                          stacklevel=3)
+
+    def _load(self, args: tuple) -> _Graph | None:
+        """The kept graph for these arguments, checked against the function run eagerly, or None."""
+        path = self._path(args)
+        if not path.exists():
+            return None
+        try:
+            from torch._inductor.codecache import PyCodeCache
+
+            kept = json.loads(path.read_text())
+            call = PyCodeCache.load_by_key_path(path.stem, str(path.with_suffix(".py"))).call
+            graph = _Graph(call, [tuple(x) for x in kept["spec"]], [tuple(x) for x in kept["static"]],
+                           args[0].dtype, args[0].device, tuple(kept["ndims"]))
+            if not graph.accepts(args):
+                return None
+            with torch.no_grad():
+                eager = self.fn(*args)
+            got = graph(*args)
+        except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
+            return None
+        f64 = args[0].dtype == torch.float64
+        tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
+        ok = len(got) == len(eager) and all(a.shape == b.shape and torch.allclose(a, b, equal_nan=True, **tol)
+                                            for a, b in zip(got, eager, strict=True))
+        return graph if ok else None
 
     def _keep(self, gm, example_inputs):
         """The dynamo backend: inductor, keeping what it compiled for the direct calls."""

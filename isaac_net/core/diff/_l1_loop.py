@@ -122,19 +122,47 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
     return served, tx, csum, torch.stack(history), [torch.stack(v) for v in zip(*tape, strict=True)]
 
 
+def _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
+                       t_bar, cs_bar, gw, glc, gsnr, tau, num_subbands, se_max, kappa, values=None):
+    """One step of the reverse walk: :func:`_slot_adjoint` of the slot, returning
+    ``(c_bar, s_bar, gw, glc, gsnr)`` before it (``t_bar``, ``cs_bar`` are the same in every
+    slot) and the completion before the slot before it (the next step's ``c_prev``, from
+    ``served_prev2``)."""
+    bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)
+    c_bar, s_bar, _, _, gw, glc, gsnr = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served,
+                                                      values, bars, tau, num_subbands, se_max, kappa)
+    return c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau)
+
+
+def _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau):
+    """``(gw, glc, gsnr)``: the slots in reverse, ``step(k, args)`` the adjoint of slot ``k`` with
+    ``args`` the arguments of :func:`_slot_adjoint_step` up to ``tau`` (the eager node calls it
+    directly, the compiled backward its kernel). ``served_before``: K ``[E, R]`` (a ``[K, E, R]``
+    tensor or a list)."""
+    K = len(served_before)
+    c_bar, s_bar, gw, glc, gsnr = (torch.zeros_like(c0), g_served, torch.zeros_like(w),
+                                   torch.zeros_like(log_cum), torch.zeros_like(snr_lin))
+    c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
+    c_prev = c0 if K == 1 else _completion(served_before[K - 1], log_cum, tau)
+    for k in range(K - 1, -1, -1):
+        # The start of the slot before this one (unused at k = 0: any tensor not an argument already).
+        served_prev2 = served_before[k - 1] if k > 0 else served_K
+        args = (w, log_cum, snr_lin, c_prev, c, served_before[k], served, served_prev2, c_bar, s_bar, g_tx,
+                g_csum, gw, glc, gsnr, tau)
+        c_bar, s_bar, gw, glc, gsnr, c_next = step(k, args)
+        c, served = c_prev, served_before[k]
+        c_prev = c0 if k == 1 else c_next
+    return gw, glc, gsnr
+
+
 def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
               num_subbands, se_max, kappa):
-    """Reverse walk over the slots, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
-    bars = (torch.zeros_like(c0), g_served, g_tx, g_csum, torch.zeros_like(w), torch.zeros_like(log_cum),
-            torch.zeros_like(snr_lin))
-    c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
-    for k in range(K - 1, -1, -1):
-        c_prev = c0 if k == 0 else _completion(served_before[k], log_cum, tau)
+    """The eager reverse walk, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
+    def step(k, args):
         values = [t[k] for t in tape] if tape else None
-        bars = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_before[k], served, values, bars, tau,
-                             num_subbands, se_max, kappa)
-        c, served = c_prev, served_before[k]
-    return bars[4:]
+        return _slot_adjoint_step(*args, num_subbands, se_max, kappa, values=values)
+
+    return _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau)
 
 
 class L1SlotLoop(torch.autograd.Function):
@@ -176,13 +204,9 @@ def _consts_slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, consts):
 
 def _consts_slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
                          t_bar, cs_bar, gw, glc, gsnr, tau, consts):
-    """The adjoint of one slot: ``(c_bar, s_bar, gw, glc, gsnr)`` before it (``t_bar``, ``cs_bar``
-    are the same in every slot), and the completion before the slot before it (the next
-    slot's ``c_prev``, from ``served_prev2``)."""
-    bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)
-    c_bar, s_bar, _, _, gw, glc, gsnr = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served,
-                                                      None, bars, tau, *consts.unbind())
-    return c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau)
+    """:func:`_slot_adjoint_step` with its constants as one tensor."""
+    return _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
+                              t_bar, cs_bar, gw, glc, gsnr, tau, *consts.unbind())
 
 
 SLOT_FORWARD = Kernel(_consts_slot_forward)
@@ -224,26 +248,18 @@ def compiled_slot_loop_backward(w: torch.Tensor, log_cum: torch.Tensor, snr_lin:
                                 g_served: torch.Tensor, g_tx: torch.Tensor, g_csum: torch.Tensor,
                                 tau: torch.Tensor, consts: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(gw, glc, gsnr)``: :func:`_backward`'s reverse walk, one :data:`SLOT_ADJOINT` per slot."""
-    K = len(served_before)
+    """``(gw, glc, gsnr)``: :func:`_reverse_walk` with one :data:`SLOT_ADJOINT` call per slot."""
     w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts = (
         _own(t) for t in (w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts))
-    served_before = [_own(t) for t in served_before]
-    c_bar, s_bar, gw, glc, gsnr = (torch.zeros_like(c0), g_served, torch.zeros_like(w),
-                                   torch.zeros_like(log_cum), torch.zeros_like(snr_lin))
-    c, served = _completion(served_K, log_cum, tau), served_K
-    c_prev = c0 if K == 1 else _completion(served_before[K - 1], log_cum, tau)
-    adjoint = None
-    for k in range(K - 1, -1, -1):
-        # The slot before this one's start (unused at k = 0: any tensor that is not an argument already).
-        served_prev2 = served_before[k - 1] if k > 0 else served_K
-        args = (w, log_cum, snr_lin, c_prev, c, served_before[k], served, served_prev2, c_bar, s_bar, g_tx,
-                g_csum, gw, glc, gsnr, tau, consts)
-        adjoint = adjoint or SLOT_ADJOINT.graph(*args)  # every slot's shapes
-        c_bar, s_bar, gw, glc, gsnr, c_next = adjoint(*args)
-        c, served = c_prev, served_before[k]
-        c_prev = c0 if k == 1 else c_next
-    return gw, glc, gsnr
+    kernel = []  # looked up once: every slot's shapes are the same
+
+    def step(k, args):
+        if not kernel:
+            kernel.append(SLOT_ADJOINT.graph(*args, consts))
+        return kernel[0](*args, consts)
+
+    return _reverse_walk(step, w, log_cum, snr_lin, c0, [_own(t) for t in served_before], served_K, g_served,
+                         g_tx, g_csum, tau)
 
 
 @compiled_slot_loop_backward.register_fake

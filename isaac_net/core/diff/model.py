@@ -381,8 +381,9 @@ class DiffFluid:
         so annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls
         one compiled kernel per slot forward and one per slot backward (``_l1_loop``). Warm-up
         with an empty inductor cache: under a minute on one core; with a warm one
-        (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``) several seconds of
-        tracing in every new process (the cost stage measures both). At ``tau = 0`` or
+        (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``, where the slot
+        kernels are kept too) several seconds in every new process: importing dynamo and
+        tracing the step (the cost stage measures both). At ``tau = 0`` or
         ``tau_n = 0`` the step runs eager (the hard operations), and so does L1D with a latency
         floor (``cfg.l1_sr_slots > 0``, warned).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
