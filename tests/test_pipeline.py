@@ -185,7 +185,8 @@ def sensitivity_artifact() -> dict:
     params = {"level": "L2-legacy", "n_seeds": 4, "envs_per_seed": 2, "R": 8, "T": 60, "warmup": 10,
               "tau": 0.05, "lam": 0.1, "modes": ["L1"], "sends": ["rb"],
               "fd_steps": {"p": 0.05, "kbytes": 2.0, "tx_db": 1.0, "dist_m": 5.0},
-              "ops": [{"name": "heavy", "p": 0.5, "sizes_bytes": [20000], "tx_dbm": 23.0, "area_m": [40.0, 140.0]},
+              "ops": [{"name": "heavy", "p": 0.5, "sizes_bytes": [20000], "tx_dbm": 23.0,
+                       "area_m": [40.0, 140.0]},
                       {"name": "far", "p": 0.3, "sizes_bytes": [12000], "tx_dbm": 23.0,
                        "area_m": [100.0, 200.0], "held_out": True}],
               "targets": {"models": ["L1D rb cal"], "sign_agree_min": 0.95, "median_ratio": [0.67, 1.5],
@@ -201,17 +202,20 @@ def sensitivity_artifact() -> dict:
                     wrong = not cal and op["name"] == "far" and (kpi, name) == ("mean_delay", "tx_db")
                     ratio = 1.1 if cal else (-0.05 if wrong else 0.05)
                     verdict = ("fd_not_resolved" if not resolved else "sign_wrong" if wrong else "sign_ok")
-                    rows.append({"op": op["name"], "held_out": op.get("held_out", False), "kpi": kpi, "input": name,
-                                 "derivative": f"d {sensitivity.KPI_LABEL[kpi]} / d {sensitivity.INPUT_LABEL[name]}",
+                    label = f"d {sensitivity.KPI_LABEL[kpi]} / d {sensitivity.INPUT_LABEL[name]}"
+                    rows.append({"op": op["name"], "held_out": op.get("held_out", False), "kpi": kpi,
+                                 "input": name, "derivative": label,
                                  "model": "L1D rb" + (" cal" if cal else ""), "mode": "L1", "sends": "rb",
                                  "calibrated": cal, "grad_mean": ratio * fd, "grad_std": 0.1, "fd_mean": fd,
-                                 "fd_se": 0.2, "fd_significant": resolved, "sign_agree": (not wrong) if resolved else None,
-                                 "verdict": verdict, "ratio": ratio, "ratio_lo": ratio - 0.3, "ratio_hi": ratio + 0.3,
-                                 "ratio_within_x2": (0.5 <= ratio <= 2) if resolved else None, "ci": "bounded",
-                                 "grad": [ratio * fd] * 4, "fd": [fd] * 4})
+                                 "fd_se": 0.2, "fd_significant": resolved,
+                                 "sign_agree": (not wrong) if resolved else None, "verdict": verdict,
+                                 "ratio": ratio, "ratio_lo": ratio - 0.3, "ratio_hi": ratio + 0.3,
+                                 "ratio_within_x2": (0.5 <= ratio <= 2) if resolved else None,
+                                 "ci": "bounded", "grad": [ratio * fd] * 4, "fd": [fd] * 4})
         parts.append({"op": op["name"], "rows": rows, "wall_l2_fd_s": 1.0, "wall_models_s": 0.5,
-                      "values": {"op": op["name"], "held_out": op.get("held_out", False), "p": op["p"], "R": 8,
-                                 "sizes_bytes": op["sizes_bytes"], "tx_dbm": op["tx_dbm"], "area_m": op["area_m"],
+                      "values": {"op": op["name"], "held_out": op.get("held_out", False), "p": op["p"],
+                                 "R": 8, "sizes_bytes": op["sizes_bytes"], "tx_dbm": op["tx_dbm"],
+                                 "area_m": op["area_m"],
                                  "L2": {"delay": 2.26, "delivery": 0.983, "AoI": 3.47, "energy": 1e-3},
                                  "models": {}}})
     payload = sensitivity.merge(params, parts, {("L1", "rb"): None})
@@ -227,10 +231,12 @@ def calibration_artifact() -> dict:
            "sweep": {"p": [0.2, 0.8], "sizes_bytes": [12000, 20000], "tx_dbm": [23.0]},
            "search": {"rate_factor": [0.5, 1.0], "snr_offset_db": [-4.0, 0.0], "sr_slots": {"L1": [0, 16]},
                       "refine_top": 1, "refine_evals": 30}, "cell": {}}
-    setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5, "delivery_ratio": 1.0},
+    setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5,
+                              "delivery_ratio": 1.0},
              "delivery_unit": 0.1, "evaluations": 38}
-    row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508, "snr_offset_db": -2.63,
-           "sr_field": "l1_sr_slots", "sr_slots": 16, "train_loss_uncalibrated": 18.1, "train_loss": 0.257,
+    row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508,
+           "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "train_loss_uncalibrated": 18.1,
+           "train_loss": 0.257,
            "heldout_loss_uncalibrated": 24.6, "heldout_loss": 0.222, "evaluations": 38, "wall_fit_s": 96.5,
            "sweep_loss_uncalibrated": 20.5, "sweep_loss": 0.31}
     return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
@@ -243,10 +249,10 @@ def calibration_artifact() -> dict:
 
 def optimisation_artifact(name: str) -> dict:
     """An opt_rates / placement artifact: start, two gradient runs and the baselines, scored on L2-legacy."""
-    cfg = {"seed": 7, "level": "L2-legacy", "lr": 0.1, "targets": {"solution": "gradient, L1D relaxed, calibrated",
-                                                                   "start_envs_min": 0.95},
-           "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}, "delivery_min": 0.95,
-                    "penalty": 100.0}}
+    cfg = {"seed": 7, "level": "L2-legacy", "lr": 0.1,
+           "targets": {"solution": "gradient, L1D relaxed, calibrated", "start_envs_min": 0.95},
+           "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},
+                    "delivery_min": 0.95, "penalty": 100.0}}
     if name == "placement":
         cfg["move_weight"] = 0.01
     names = ["start", "gradient, L1D relaxed", "gradient, L1D relaxed, calibrated", "random search"]
@@ -255,10 +261,10 @@ def optimisation_artifact(name: str) -> dict:
     if name == "opt_rates":
         names.append("uniform policy")
         costs["uniform policy"] = 3.12
-    table = [{"solution": n, "cost": costs[n], "cost_median": costs[n], "mean_delay": 1.5, "delivery_ratio": 0.995,
-              "mean_aoi": 3.0, "mean_energy_j": 1e-3} for n in names]
+    table = [{"solution": n, "cost": costs[n], "cost_median": costs[n], "mean_delay": 1.5,
+              "delivery_ratio": 0.995, "mean_aoi": 3.0, "mean_energy_j": 1e-3} for n in names]
     comps = []
-    for n, better in (("gradient, L1D relaxed", False), ("gradient, L1D relaxed, calibrated", True)):
+    for n in ("gradient, L1D relaxed", "gradient, L1D relaxed, calibrated"):
         row = {"solution": n, "cost": costs[n], "delivery_ratio": 0.99}
         for base in ("start", "random search") + (("uniform policy",) if name == "opt_rates" else ()):
             key = base.replace(" ", "_")
@@ -267,23 +273,25 @@ def optimisation_artifact(name: str) -> dict:
                         f"vs_{key}_better_envs": 1.0 if d < 0 else 0.0,
                         f"vs_{key}": "better" if d + 0.5 < 0 else "worse" if d - 0.5 > 0 else "tie"})
         comps.append(row)
-    return {"summary": {"level": "L2-legacy", "E": 16, "R": 8, "iters": 50, "candidates": 256, "T": 20, "T_eval": 60,
-                        "tau_start": 0.2, "tau_end": 0.02, "models": 2, "ci_pct": 95},
+    return {"summary": {"level": "L2-legacy", "E": 16, "R": 8, "iters": 50, "candidates": 256, "T": 20,
+                        "T_eval": 60, "tau_start": 0.2, "tau_end": 0.02, "models": 2, "ci_pct": 95},
             "table": table, "comparisons": comps,
-            "targets": {"solution": "gradient, L1D relaxed, calibrated", "available": True, "start_envs_met": True,
-                        "met": True},
+            "targets": {"solution": "gradient, L1D relaxed, calibrated", "available": True,
+                        "start_envs_met": True, "met": True},
             "uniform_policy": ({"p": 0.3, "tx_dbm": 23.0, "train_cost": 3.0, "policies": 36}
                                if name == "opt_rates" else None),
-            "history": {n: [{"iter": 0, "tau": 0.2, "model_cost": 5.0, "level_cost_heldout": 9.0}] for n in names
-                        if n.startswith("gradient")},
-            "env_costs": {n: [costs[n]] for n in names}, "figure": f"{name}.png", "provenance": _prov(name, cfg)}
+            "history": {n: [{"iter": 0, "tau": 0.2, "model_cost": 5.0, "level_cost_heldout": 9.0}]
+                        for n in names if n.startswith("gradient")},
+            "env_costs": {n: [costs[n]] for n in names}, "figure": f"{name}.png",
+            "provenance": _prov(name, cfg)}
 
 
 def nn_proxy_artifact() -> dict:
     """A neural-proxy artifact with distinctive numbers."""
-    summary = {"level": "L2-legacy", "train_cells": 640, "test_cells": 128, "robots": 8, "T": 60, "warmup": 10,
-               "samples_train": 5120, "samples_test": 1024, "epochs": 300, "final_train_loss": 0.05,
-               "grad_cells": 256, "grad_fd_significant": 12, "grad_sign_agree": 1.0, "grad_ratio_ci_covers_1": 0.833,
+    summary = {"level": "L2-legacy", "train_cells": 640, "test_cells": 128, "robots": 8, "T": 60,
+               "warmup": 10, "samples_train": 5120, "samples_test": 1024, "epochs": 300,
+               "final_train_loss": 0.05, "grad_cells": 256, "grad_fd_significant": 12, "grad_sign_agree": 1.0,
+               "grad_ratio_ci_covers_1": 0.833,
                "ratio_ci_pct": 95, "fd_step_p": 0.05, "fd_step_msg_rel": 0.1, "fd_step_snr_db": 1.0,
                "reload_max_abs_diff": 0.0}
     for k, r2 in (("delay", 0.908), ("delivery", 0.912), ("aoi", 0.854), ("energy_j", 0.963)):
@@ -297,7 +305,8 @@ def nn_proxy_artifact() -> dict:
 
 
 def study_artifact(name: str) -> dict:
-    """The artifact of a study, with a figure (the generic structure where the page has no section of its own)."""
+    """The artifact of a study, with a figure (the generic structure where the page has no section of its
+    own)."""
     if name in ("opt_rates", "placement"):
         return optimisation_artifact(name)
     if name == "sensitivity":
@@ -377,7 +386,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "recomputes the rest in the backward): forward 21 s, backward 24.8 s" in cost
     assert "No CUDA device was visible to this run" in cost
     assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
-    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | 4.4 | met | **not met** |" in cost  # the warm-up row and targets
+    # the warm-up row and its targets
+    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | 4.4 | met | **not met** |" in cost
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
@@ -400,10 +410,10 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "the mean point loss is 20.5 → 0.31 for L1D relaxed: every calibrated model is closer" in cal
     opt = section(page, "## Optimization demo")
     assert "| gradient, L1D relaxed, calibrated | 3.09 | 3.09 |" in opt
-    assert ("- Through L1D relaxed: **worse than** the start (optimising through this model made the L2-legacy "
-            "cost worse)") in opt
-    assert "- Through L1D relaxed, calibrated: better than the start; better than random search on L2-legacy; " \
-           "no worse than (within the interval) the best uniform policy." in opt
+    assert ("- Through L1D relaxed: **worse than** the start (optimising through this model made the "
+            "L2-legacy cost worse)") in opt
+    assert ("- Through L1D relaxed, calibrated: better than the start; better than random search on "
+            "L2-legacy; no worse than (within the interval) the best uniform policy.") in opt
     assert "better than the start in at least 0.95 of the envs (met)" in opt
     assert "p = 0.3 and 23 dBm won" in opt
 
@@ -593,8 +603,8 @@ Path(snakemake.log[0]).write_text("stub\\n")
 
 def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures."""
-    for rel in ("Snakefile", "environment.yml", "workflow/stages.yaml", "workflow/rules", "workflow/schemas", "workflow/report",
-                "config", "reports", "isaac_net"):
+    for rel in ("Snakefile", "environment.yml", "workflow/stages.yaml", "workflow/rules", "workflow/schemas",
+                "workflow/report", "config", "reports", "isaac_net"):
         src = REPO / rel
         if not src.exists():
             continue
@@ -651,6 +661,14 @@ def test_lint_is_clean(tmp_path):
     wf = workflow_copy(tmp_path, stubs=False)
     for args in ([], ["--configfile", "config/ci.yaml"]):
         assert "Congratulations" in snakemake(wf, "--lint", *args)
+
+
+def test_python_sources_pass_ruff():
+    """``make lint``'s Python half: the library, the tests, the stage scripts and the renderer."""
+    ruff = Path(sys.executable).with_name("ruff")  # a dev dependency, installed beside pytest
+    proc = subprocess.run([str(ruff), "check", "isaac_net", "tests", "benchmarks", "reports"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

@@ -100,8 +100,9 @@ def test_anneal_is_geometric():
 @pytest.mark.parametrize("study", ["opt_rates", "placement"])
 def test_optimisation_studies_write_the_artifact(study, tmp_path):
     params = tiny(study, E=2, R=3, iters=2, candidates=3, T=5, warmup=1, T_eval=6, warmup_eval=1,
-                  score_every=1, proxy=False, models=[{"mode": "QA", "sends": "relaxed", "calibrated": False},
-                                                       {"mode": "QA", "sends": "mean_field", "calibrated": False}],
+                  score_every=1, proxy=False,
+                  models=[{"mode": "QA", "sends": "relaxed", "calibrated": False},
+                          {"mode": "QA", "sends": "mean_field", "calibrated": False}],
                   targets={"solution": "gradient, QAD relaxed", "start_envs_min": 0.5})
     module = {"opt_rates": opt_rates, "placement": placement}[study]
     out = {"json": str(tmp_path / f"{study}.json"), "figure": str(tmp_path / f"{study}.png")}
@@ -112,7 +113,8 @@ def test_optimisation_studies_write_the_artifact(study, tmp_path):
     names = {"start", "gradient, QAD relaxed", "gradient, QAD mean-field", "random search"}
     if study == "opt_rates":
         names.add("uniform policy")
-        assert data["uniform_policy"]["policies"] == len(params["uniform"]["p"]) * len(params["uniform"]["tx_dbm"])
+        grid = params["uniform"]
+        assert data["uniform_policy"]["policies"] == len(grid["p"]) * len(grid["tx_dbm"])
     assert {r["solution"] for r in data["table"]} == names
     assert all(len(data["env_costs"][n]) == 2 for n in names)
     by = {r["solution"]: r for r in data["table"]}
@@ -126,14 +128,16 @@ def test_optimisation_studies_write_the_artifact(study, tmp_path):
 
 
 def test_uniform_policy_is_the_best_of_its_grid():
-    params = tiny("opt_rates", E=2, R=3, T_eval=6, warmup_eval=1, uniform={"p": [0.1, 0.9], "tx_dbm": [5.0, 23.0]})
+    params = tiny("opt_rates", E=2, R=3, T_eval=6, warmup_eval=1,
+                  uniform={"p": [0.1, 0.9], "tx_dbm": [5.0, 23.0]})
     sc = _optimise.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
     best, info = _optimise.uniform_search(sc, params, dec, progress=False)
     grid = [(p, t) for p in params["uniform"]["p"] for t in params["uniform"]["tx_dbm"]]
     # The policies are scored as one batch of envs (policy-major), as the search does.
-    k = _optimise.discrete_score(params["level"], 6, 1, dec.uniform(grid), sc["u_train"].repeat(1, len(grid), 1),
-                                 cfg=None, seed=params["seed"], dtype=torch.float32)
+    u = sc["u_train"].repeat(1, len(grid), 1)
+    k = _optimise.discrete_score(params["level"], 6, 1, dec.uniform(grid), u, cfg=None, seed=params["seed"],
+                                 dtype=torch.float32)
     costs = _optimise.env_cost(k, params["cost"]).reshape(len(grid), 2).mean(-1).tolist()
     assert (info["p"], info["tx_dbm"]) == grid[min(range(len(grid)), key=costs.__getitem__)]
     assert info["train_cost"] == pytest.approx(min(costs), rel=1e-6)

@@ -93,7 +93,8 @@ class Kernel:
     the last dimension of every tensor symbolic: any other batch size reuses the graph (found
     once per new set of shapes, then by a dict lookup).
 
-    ``num_compiles`` counts the graphs compiled (the tests check that a new batch size adds none).
+    ``num_compiles`` counts the graphs compiled (the tests check that a new batch size adds none),
+    ``num_loads`` those loaded from the store a previous process left (see the module's docstring).
     """
 
     def __init__(self, fn):
@@ -163,8 +164,11 @@ class Kernel:
         dimension of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1)."""
         sizes = [[-1 if t.dim() > 1 and d == t.dim() - 1 and n != 1 else n
                   for d, n in enumerate(t.shape)] for t in args]
+        device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
-                _library_key(), str(args[0].dtype), str(args[0].device), sizes]
+                _library_key(), str(args[0].dtype), str(device), sizes]
+        if device.type == "cuda":  # generated for this GPU's architecture
+            what += [torch.cuda.get_device_name(device), list(torch.cuda.get_device_capability(device))]
         return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.json"
 
     def _save(self, args: tuple, graph: _Graph, inner) -> None:
