@@ -127,7 +127,8 @@ class Kernel:
         if any(t._base is not None for t in args) or len({t.data_ptr() for t in args}) < len(args):
             raise ValueError(f"Kernel({self.fn.__name__}): expected tensors with storage of their own "
                              "(no views, no argument twice)")
-        graph = self._load(args)
+        path = self._path(args)
+        graph = self._load(path, args)
         if graph is not None:
             self._graphs.append(graph)
             self.num_loads += 1
@@ -154,7 +155,7 @@ class Kernel:
         if graph.fn is None or not _same(graph(*args), result):
             graph.fn = lambda inputs, fn=compiled: fn(*inputs)
         else:
-            self._save(args, graph, inner)
+            self._save(path, graph, inner)
         self._graphs.append(graph)
         self.num_compiles += 1
         return self._graphs[-1]
@@ -171,12 +172,11 @@ class Kernel:
             what += [torch.cuda.get_device_name(device), list(torch.cuda.get_device_capability(device))]
         return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.json"
 
-    def _save(self, args: tuple, graph: _Graph, inner) -> None:
+    def _save(self, path: Path, graph: _Graph, inner) -> None:
         """Keep a compiled graph for later processes: inductor's generated module (``<key>.py``)
         and how to call it (``<key>.json``, written last: a reader finds both or neither)."""
         if inner.constants or getattr(inner, "torchbind_constants", None) or not inner.source_code:
             return  # a graph with constants needs them at load: compiled each process
-        path = self._path(args)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             for target, text in ((path.with_suffix(".py"), inner.source_code),
@@ -188,9 +188,9 @@ class Kernel:
             warnings.warn(f"Kernel({self.fn.__name__}): could not keep the compiled kernel ({e})",
                           stacklevel=3)
 
-    def _load(self, args: tuple) -> _Graph | None:
-        """The kept graph for these arguments, checked against the function run eagerly, or None."""
-        path = self._path(args)
+    def _load(self, path: Path, args: tuple) -> _Graph | None:
+        """The graph kept at ``path`` for these arguments, checked against the function run eagerly,
+        or None."""
         if not path.exists():
             return None
         try:
@@ -209,9 +209,7 @@ class Kernel:
             return None
         f64 = args[0].dtype == torch.float64
         tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
-        ok = len(got) == len(eager) and all(a.shape == b.shape and torch.allclose(a, b, equal_nan=True, **tol)
-                                            for a, b in zip(got, eager, strict=True))
-        return graph if ok else None
+        return graph if _same(got, eager, **tol) else None
 
     def _keep(self, gm, example_inputs):
         """The dynamo backend: inductor, keeping what it compiled for the direct calls."""
@@ -246,8 +244,12 @@ class Kernel:
         return compiled
 
 
-def _same(a, b) -> bool:
-    """Two tuples of tensors equal in length, shapes and values."""
+def _same(a, b, rtol: float = 0.0, atol: float = 0.0) -> bool:
+    """Two tuples of tensors equal in length and shapes, and in values: exactly, or within
+    ``rtol``/``atol`` (NaN equal to NaN)."""
     a, b = tuple(a), tuple(b)
-    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y)
-                                    for x, y in zip(a, b, strict=True))
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return False
+    if rtol == atol == 0.0:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    return all(torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True) for x, y in zip(a, b, strict=True))

@@ -68,37 +68,6 @@ def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, s
     return (served, tx + b * s1, csum + c, _completion(served, log_cum, tau)), values  # tx += b smin(sh, 1)
 
 
-def _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, values, bars, tau, num_subbands,
-                  se_max, kappa):
-    """The adjoint of one slot: the gradients ``bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)``
-    after slot ``k`` to those before it. ``c_prev``, ``served_prev``: before the slot; ``c``,
-    ``served``: after it; ``values``: the slot's ``TAPE`` values, or None to recompute them."""
-    c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr = bars
-    if values is None:
-        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa)
-    b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
-    # c = sigmoid(log(served) / tau - log_cum)
-    z_bar = c_bar * c * (1.0 - c)
-    glc = glc - z_bar
-    live = served > _tiny(served)
-    s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
-    # tx += b smin(sh, 1);  served += kappa sh se
-    b_bar = t_bar * s1
-    sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
-    q_bar = s_bar * (kappa * sh) * dsv
-    # q = log2(1 + snr / H)
-    common = q_bar / (LN2 * (H + snr_lin))
-    gsnr = gsnr + common
-    sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
-    # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(u, 1)
-    n_bar = -sh_bar * sh / N * dN
-    u_bar = (b_bar + n_bar) * db
-    # u = sum_a w_a (1 - c_a) (unfinished mass);  csum += c
-    gw = gw + u_bar * (1.0 - c_prev)
-    c_bar = cs_bar - u_bar * w
-    return c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr
-
-
 def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False):
     """The K slots without a graph: ``(served, tx, csum, served_before, tape)``.
 
@@ -124,13 +93,34 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
 
 def _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
                        t_bar, cs_bar, gw, glc, gsnr, tau, num_subbands, se_max, kappa, values=None):
-    """One step of the reverse walk: :func:`_slot_adjoint` of the slot, returning
-    ``(c_bar, s_bar, gw, glc, gsnr)`` before it (``t_bar``, ``cs_bar`` are the same in every
-    slot) and the completion before the slot before it (the next step's ``c_prev``, from
-    ``served_prev2``)."""
-    bars = (c_bar, s_bar, t_bar, cs_bar, gw, glc, gsnr)
-    c_bar, s_bar, _, _, gw, glc, gsnr = _slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served,
-                                                      values, bars, tau, num_subbands, se_max, kappa)
+    """The adjoint of one slot, a step of the reverse walk: the gradients after the slot
+    (``c_bar``, ``s_bar``; ``t_bar``, ``cs_bar`` are the same in every slot; the sums ``gw``,
+    ``glc``, ``gsnr``) to ``(c_bar, s_bar, gw, glc, gsnr)`` before it, and the completion before
+    the slot before it (the next step's ``c_prev``, from ``served_prev2``). ``c_prev``,
+    ``served_prev``: before the slot; ``c``, ``served``: after it; ``values``: the slot's
+    ``TAPE`` values, or None to recompute them."""
+    if values is None:
+        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa)
+    b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
+    # c = sigmoid(log(served) / tau - log_cum)
+    z_bar = c_bar * c * (1.0 - c)
+    glc = glc - z_bar
+    live = served > _tiny(served)
+    s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
+    # tx += b smin(sh, 1);  served += kappa sh se
+    b_bar = t_bar * s1
+    sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
+    q_bar = s_bar * (kappa * sh) * dsv
+    # q = log2(1 + snr / H)
+    common = q_bar / (LN2 * (H + snr_lin))
+    gsnr = gsnr + common
+    sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
+    # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(u, 1)
+    n_bar = -sh_bar * sh / N * dN
+    u_bar = (b_bar + n_bar) * db
+    # u = sum_a w_a (1 - c_a) (unfinished mass);  csum += c
+    gw = gw + u_bar * (1.0 - c_prev)
+    c_bar = cs_bar - u_bar * w
     return c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau)
 
 
