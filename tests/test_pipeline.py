@@ -388,6 +388,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
     # the warm-up row and its targets
     assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | 4.4 | met | **not met** |" in cost
+    assert ("- L1D's cold first call took 47.5 s, 153 steady rollouts: both cold targets met; the warm one "
+            "took 6.8 s against 5 s: **not met**; 4.4 s of it is importing torch's compiler") in cost
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
