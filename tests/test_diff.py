@@ -579,11 +579,13 @@ def test_compiled_slot_loop_equals_the_eager_node():
 @pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_compiled_step_compiles_once_for_every_batch_size(mode):
     """One compile serves E = 8 ... 256 and both radio inputs (snr_db, or pos + tx_dbm); grad mode
-    is the one other thing that compiles again."""
-    from isaac_net.core.diff import _l1_loop
+    is the one other thing that compiles again. The step is compiled ahead of its call (or loaded
+    from the store an earlier process left), never by dynamo's fallback."""
+    from isaac_net.core.diff import _l1_loop, model
 
+    step = model._compiled_step(mode, "recompute")
     g = torch.Generator().manual_seed(6)
-    R, first, kernels = 3, True, None
+    R, first, kernels, steps = 3, True, None, None
     for radio in ("pos", "snr"):
         for E in (8, 16, 24, 64, 256):
             p = torch.rand(E, R, generator=g, dtype=F64).requires_grad_()
@@ -599,7 +601,10 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
             assert float(p.grad.abs().sum()) > 0
             counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
             assert kernels is None or counts == kernels, (radio, E)
-            first, kernels = False, counts
+            step_counts = (step.num_compiles, step.num_loads)
+            assert steps is None or step_counts == steps, (radio, E)
+            assert step.num_fallbacks == 0
+            first, kernels, steps = False, counts, step_counts
 
 
 def _kernel_body(a, b):
@@ -631,6 +636,41 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     third = _kernels.Kernel(_kernel_body)
     torch.testing.assert_close(third(a, b), _kernel_body(a, b), rtol=1e-12, atol=0)
     assert (third.num_compiles, third.num_loads) == (1, 0)
+
+
+def _precompiled_body(a, b, how: str):
+    """A precompiled function (module level, as the store's key names it): tensors and a constant."""
+    return (a * b + 1.0 if how == "affine" else a - b), torch.exp(-a) * b
+
+
+def test_a_precompiled_function_is_loaded_by_a_later_process(tmp_path, monkeypatch):
+    """A Precompiled function is compiled once ahead of its call for every batch size and kept on
+    disk; a new Precompiled of it (as in a new process) loads it without compiling, its forward and
+    backward equal to the function's; a damaged file is compiled again, not trusted."""
+    from isaac_net.core.diff import _kernels
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    g = torch.Generator().manual_seed(10)
+
+    def check(fn, E):
+        a, b = (torch.rand(E, 3, generator=g, dtype=F64).requires_grad_() for _ in range(2))
+        got, want = fn(a, b, "affine"), _precompiled_body(a, b, "affine")
+        grads = [torch.autograd.grad(sum(o.sum() for o in out), (a, b)) for out in (got, want)]
+        for x, y in zip((*got, *grads[0]), (*want, *grads[1]), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=0)
+
+    first = _kernels.Precompiled(_precompiled_body, tag=("test",))
+    for E in (4, 9):
+        check(first, E)
+    assert (first.num_compiles, first.num_loads, first.num_fallbacks) == (1, 0, 0)
+    (kept,) = tmp_path.glob("*.aot")
+    second = _kernels.Precompiled(_precompiled_body, tag=("test",))
+    check(second, 6)
+    assert (second.num_compiles, second.num_loads, second.num_fallbacks) == (0, 1, 0)
+    kept.write_bytes(kept.read_bytes()[:1000])  # a write cut short
+    third = _kernels.Precompiled(_precompiled_body, tag=("test",))
+    check(third, 6)
+    assert (third.num_compiles, third.num_loads, third.num_fallbacks) == (1, 0, 0)
 
 
 def test_a_second_rollout_backpropagates_without_the_first_ones_graph():

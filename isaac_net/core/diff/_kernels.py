@@ -244,6 +244,133 @@ class Kernel:
         return compiled
 
 
+_MISSING = object()
+
+
+class Precompiled:
+    """``fn`` compiled whole ahead of its first call (dynamo's ``aot_compile``, ``fullgraph``), with
+    dimension ``dim`` of every tensor of higher rank symbolic, and kept on disk beside the kernels
+    (``<key>.aot``, keyed as a :class:`Kernel` is, and by ``tag``, grad mode, which tensors require
+    grad and the other arguments' values). A later process loads it and calls it without dynamo
+    tracing anything: what was left of a warm first call (tracing a step took about 2 s, loading
+    its graphs from inductor's cache another second) becomes a load of one file. A loaded function
+    is checked once against ``fn`` run eagerly.
+
+    ``torch.compile(fn)`` serves what the store cannot: arguments a kept function's guards refuse,
+    a compile that fails (``aot_compile`` is experimental in torch; warned once). ``num_compiles``
+    and ``num_loads`` count the functions compiled and loaded, ``num_fallbacks`` the patterns of
+    arguments sent to ``torch.compile``.
+    """
+
+    def __init__(self, fn, *, tag: tuple = (), dim: int = 0):
+        self.fn, self.tag, self.dim = fn, tuple(tag), int(dim)
+        self._fns: dict = {}  # pattern of arguments -> the compiled function, or None: torch.compile's
+        self._dynamo = None
+        self.num_compiles = self.num_loads = self.num_fallbacks = 0
+
+    def _pattern(self, args: tuple) -> tuple:
+        """What selects a compiled function: grad mode; each tensor's dtype, device, sizes (``dim``
+        free unless it is 1: dynamo specialises size 1) and whether it requires grad; the rest by
+        value."""
+        d = self.dim
+        return (torch.is_grad_enabled(),) + tuple(
+            (str(a.dtype), str(a.device), tuple(-1 if i == d and n != 1 and a.dim() > d else n
+                                                for i, n in enumerate(a.shape)), a.requires_grad)
+            if isinstance(a, torch.Tensor) else repr(a) for a in args)
+
+    def __call__(self, *args):
+        pattern = self._pattern(args)
+        fn = self._fns.get(pattern, _MISSING)
+        if fn is _MISSING:
+            fn = self._fns[pattern] = self._get(pattern, args)
+            if fn is None:
+                self.num_fallbacks += 1
+        if fn is not None:
+            if fn.guard_check(*args):
+                return fn.fn(*args)  # the guards are checked: the compiled call itself
+            self._fns[pattern] = None  # a pattern the key did not tell apart: dynamo's from now on
+            self.num_fallbacks += 1
+        if self._dynamo is None:
+            self._dynamo = torch.compile(self.fn, dynamic=False)
+        self._mark_dynamic(args)
+        return self._dynamo(*args)
+
+    def _mark_dynamic(self, args: tuple) -> None:
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dim() > self.dim:
+                torch._dynamo.maybe_mark_dynamic(a, self.dim)
+
+    def _path(self, pattern: tuple, args: tuple) -> Path:
+        what = [self.fn.__module__, self.fn.__qualname__, list(self.tag),
+                _source_key(inspect.getsourcefile(self.fn)), _library_key(), repr(pattern)]
+        devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
+        what += [[torch.cuda.get_device_name(d), list(torch.cuda.get_device_capability(d))] for d in devices]
+        return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.aot"
+
+    def _get(self, pattern: tuple, args: tuple):
+        path = self._path(pattern, args)
+        fn = self._load(path, args)
+        if fn is not None:
+            self.num_loads += 1
+            return fn
+        self._mark_dynamic(args)
+        fn = None
+        for _attempt in range(3):
+            try:
+                with warnings.catch_warnings():  # dynamo's guards read .grad of every input
+                    warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+                    fn = torch.compile(self.fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
+                break
+            except torch._dynamo.exc.RestartAnalysis:
+                # torch.compile traces a frame again when dynamo asks to (a scalar it turns into a
+                # tensor); aot_compile leaves that to its caller, and the next attempt knows.
+                continue
+            except Exception as e:  # noqa: BLE001 - experimental in torch: compile the usual way instead
+                _warn_once(f"{self.fn.__qualname__}{self.tag}: aot_compile failed ({type(e).__name__}: {e}); "
+                           "compiled by torch.compile in each process instead")
+                return None
+        if fn is None:
+            _warn_once(f"{self.fn.__qualname__}{self.tag}: aot_compile kept restarting; compiled by "
+                       "torch.compile in each process instead")
+            return None
+        self.num_compiles += 1
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fn.save_compiled_function(str(path))  # written to a temporary file, then renamed
+        except Exception as e:  # noqa: BLE001 - a read-only cache, or a graph torch cannot serialise
+            _warn_once(f"{self.fn.__qualname__}{self.tag}: could not keep the compiled function ({e})")
+        return fn
+
+    def _load(self, path: Path, args: tuple):
+        """The function kept at ``path``, if it loads, its guards take ``args`` and its outputs match
+        ``fn``'s run eagerly; otherwise None."""
+        if not path.exists():
+            return None
+        try:
+            with path.open("rb") as f:
+                fn = torch.compiler.load_compiled_function(f)
+            if not fn.guard_check(*args):
+                return None
+            got = [t.detach() for t in _tensors(fn.fn(*args))]
+            with torch.no_grad():
+                eager = _tensors(self.fn(*args))
+        except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
+            return None
+        f64 = all(t.dtype == torch.float64 for t in eager if t.is_floating_point())
+        tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
+        return fn if _same(got, eager, **tol) else None
+
+
+def _tensors(out) -> list:
+    """The tensors of a function's output (a tensor or a tuple, ``None`` entries left out)."""
+    return [out] if isinstance(out, torch.Tensor) else [t for t in out if t is not None]
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=4)
+
+
 def _same(a, b, rtol: float = 0.0, atol: float = 0.0) -> bool:
     """Two tuples of tensors equal in length and shapes, and in values: exactly, or within
     ``rtol``/``atol`` (NaN equal to NaN)."""

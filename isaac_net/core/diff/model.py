@@ -20,6 +20,7 @@ import torch
 from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import _l1_loop, relax
+from isaac_net.core.diff._kernels import Precompiled
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
@@ -287,15 +288,25 @@ def _compile_falls_back(mode: str, cfg: CellConfig) -> bool:
     return True
 
 
-def _compiled_step(mode: str, slots: str):
-    """``_step`` through ``torch.compile``: one graph per (mode, slots), dtype, device, grad mode and
-    ``CellConfig`` serves every batch size (the batch dimension is marked dynamic, R and A stay
-    static), forward and backward each fused by inductor; the temperatures are tensor inputs.
-    L1D's slot loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``)."""
+def _compiled_step(mode: str, slots: str) -> Precompiled:
+    """``_step`` compiled whole: one function per (mode, slots), dtype, device, grad mode and
+    ``CellConfig`` serves every batch size (the batch dimension is symbolic, R and A static),
+    forward and backward each fused by inductor; the temperatures are tensor inputs. L1D's slot
+    loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``). Kept on disk and
+    loaded by a later process without tracing (:class:`~._kernels.Precompiled`)."""
     key = (mode, slots)
     if key not in _COMPILED_STEPS:
-        _COMPILED_STEPS[key] = torch.compile(functools.partial(_step, mode=mode, slots=slots), dynamic=False)
+        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slots), tag=key, dim=0)
     return _COMPILED_STEPS[key]
+
+
+def _step_of(mode: str, slots: str):
+    """``_step`` of one mode and slot design as a function of the tensors, the temperatures and the
+    config (a function, not a ``functools.partial``: ``aot_compile`` keeps its code)."""
+    def step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig):
+        return _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg, mode, slots)
+
+    return step
 
 
 def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: float,
@@ -309,9 +320,6 @@ def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: f
     if training:
         tensors = StepArgs._make(t if t is None or t.requires_grad else t.detach().requires_grad_()
                                  for t in tensors)
-    for t in tensors:  # the batch dimension symbolic, R and A static (the step unrolls loops over the ages)
-        if t is not None:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
     with torch.set_grad_enabled(training):
         return _compiled_step(mode, slots)(*tensors, *temps, cfg)
 
@@ -374,16 +382,16 @@ class DiffFluid:
         changed between steps (annealing).
     :param tau_n: temperature of the additive relaxations (buffer limit, timeout,
         headroom floor), in messages / control steps; defaults to ``tau``.
-    :param compile: run each step through ``torch.compile`` (L1D and QAD; inductor fuses
-        the step's forward and backward). One compile per process, mode, dtype, device, grad
-        mode and ``CellConfig`` serves every batch size ``E`` (a symbolic dimension) and both
-        radio inputs (``snr_db``, or ``pos`` + ``tx_dbm``); the temperatures are tensor inputs,
-        so annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls
-        one compiled kernel per slot forward and one per slot backward (``_l1_loop``). Warm-up
-        with an empty inductor cache: under a minute on one core; with a warm one
-        (``TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_$USER``, where the slot
-        kernels are kept too) several seconds in every new process: importing dynamo and
-        tracing the step (the cost stage measures both). At ``tau = 0`` or
+    :param compile: run each step compiled by torch's compiler (L1D and QAD; inductor fuses
+        the step's forward and backward). One compile per mode, dtype, device, grad mode and
+        ``CellConfig`` serves every batch size ``E`` (a symbolic dimension) and both radio
+        inputs (``snr_db``, or ``pos`` + ``tx_dbm``); the temperatures are tensor inputs, so
+        annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls one
+        compiled kernel per slot forward and one per slot backward (``_l1_loop``). The step and
+        the slot kernels are kept on disk (``isaac_net_kernels/`` in ``TORCHINDUCTOR_CACHE_DIR``,
+        by default ``/tmp/torchinductor_$USER``). Warm-up with an empty cache: under a minute on
+        one core; with a warm one a few seconds in every new process, importing torch's
+        compiler and loading the kept step, nothing traced (the cost stage measures both). At ``tau = 0`` or
         ``tau_n = 0`` the step runs eager (the hard operations), and so does L1D with a latency
         floor (``cfg.l1_sr_slots > 0``, warned).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
