@@ -542,10 +542,12 @@ def test_compiled_equals_eager(mode):
 
 
 @pytest.mark.xdist_group("compiled-L1")
-def test_compiled_slot_loop_equals_the_eager_node():
+@pytest.mark.parametrize("floor", [False, True], ids=["plain", "floor"])
+def test_compiled_slot_loop_equals_the_eager_node(floor):
     """The compiled path's slot-loop operator (one compiled kernel per slot, forward and adjoint)
     against the eager node, values and gradients, float64, at two batch sizes of one kernel
-    (R = 3 robots and A = 4 ages: the kernels of COMPILE_CFG's steps, compiled once for all)."""
+    (R = 3 robots and A = 4 ages: the kernels of COMPILE_CFG's steps, compiled once for all);
+    with a floor's gate and a start of its own (``served0``), the gated kernels and every gradient."""
     from isaac_net.core.diff import _l1_loop
 
     g = torch.Generator().manual_seed(5)
@@ -556,21 +558,31 @@ def test_compiled_slot_loop_equals_the_eager_node():
         log_cum = (torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau).requires_grad_()
         snr = (10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))).requires_grad_()
         c0 = torch.zeros(E, R, A, dtype=F64)
+        inputs = [w, log_cum, snr]
+        gate = served0 = None
+        if floor:
+            c0 = (0.3 * torch.rand(E, R, A, generator=g, dtype=F64)).requires_grad_()
+            gate = torch.rand(E, R, generator=g, dtype=F64).requires_grad_()
+            served0 = (2e3 * torch.rand(E, R, generator=g, dtype=F64)).requires_grad_()
+            inputs += [c0, gate, served0]
         consts = (12.0, 5.5, 90.0)
-        eager = _l1_loop.L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, False)
+        eager = _l1_loop.L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, False, gate, served0)
         flip = _l1_loop._flip_dims
-        comp = _l1_loop.compiled_slot_loop(flip(w), flip(log_cum), flip(snr), c0.permute(2, 1, 0),
-                                           torch.tensor(tau, dtype=F64), torch.tensor(consts, dtype=F64), K)
+        comp = _l1_loop.compiled_slot_loop(flip(w), flip(log_cum), flip(snr), flip(c0),
+                                           torch.tensor(tau, dtype=F64), torch.tensor(consts, dtype=F64), K,
+                                           *((flip(gate), flip(served0)) if floor else ()))
         comp = [flip(t) for t in comp[:3]]
         for a, b in zip(comp, eager, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)
         weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in eager]
         ga, gb = (torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)),
-                                      (w, log_cum, snr)) for outs in (comp, eager))
+                                      inputs) for outs in (comp, eager))
         for a, b in zip(ga, gb, strict=True):
             assert float(b.abs().max()) > 0
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-        counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
+        kernels = ((_l1_loop.SLOT_FORWARD_GATED, _l1_loop.SLOT_ADJOINT_GATED) if floor
+                   else (_l1_loop.SLOT_FORWARD, _l1_loop.SLOT_ADJOINT))
+        counts = tuple(k.num_compiles for k in kernels)
         assert compiles is None or counts == compiles, "a new batch size compiled the slot kernels again"
         compiles = counts
 
@@ -692,18 +704,54 @@ def test_a_second_rollout_backpropagates_without_the_first_ones_graph():
     assert float(start.w.sum()) > 1.0
 
 
-def test_compile_with_an_l1_latency_floor_runs_eager_and_says_so():
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled-L1")
+def test_compiled_l1_with_a_latency_floor_equals_eager():
+    """A calibrated L1D compiles too (its floor's slots through the gated kernels): values and
+    gradients as eager, float64."""
     cfg = dataclasses.replace(COMPILE_CFG, l1_sr_slots=2)
-    s = seed_scenario("normal", E=2, R=3, T=4)
+    s = seed_scenario("normal", E=2, R=3, T=5)
     out = []
     for compiled in (False, True):
+        p = s.p.clone().requires_grad_()
         net = DiffFluid(2, 3, mode="L1", tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
-        if compiled:
-            with pytest.warns(UserWarning, match=r"latency floor \(cfg.l1_sr_slots = 2\) runs eager"):
-                out.append(kpi_mix(rollout(net, s.T, s.p, s.B, snr_db=s.snr_db)))
-        else:
-            out.append(kpi_mix(rollout(net, s.T, s.p, s.B, snr_db=s.snr_db)))
-    assert torch.equal(out[0], out[1])
+        k = kpi_mix(rollout(net, s.T, p, s.B, snr_db=s.snr_db))
+        out.append((k.detach(), *torch.autograd.grad(k, p)))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-10, atol=0)
+    assert float(out[0][1].abs().max()) > 0
+    torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-8, atol=1e-12)
+    from isaac_net.core.diff import model
+
+    assert model._compiled_step("L1", "recompute").num_fallbacks == 0
+
+
+@pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
+@pytest.mark.parametrize("L", [1, 7, 39, 40])
+def test_l1_latency_floor_nodes_equal_the_per_slot_recursion(L, sends):
+    """With a latency floor the slot loop is two nodes (the floor's L slots, gated, then the rest
+    from the expected bytes offered): values and gradients as autograd through every slot of
+    ``_service_l1``'s recursion, float64, at the floor's edges (1, K - 1 and K slots)."""
+    g = torch.Generator().manual_seed(11 + L)
+    E, R, T = 3, 4, 8
+    cfg = CellConfig(l1_sr_slots=L, rate_factor=0.6)
+    p0 = 0.2 + 0.6 * torch.rand(E, R, generator=g, dtype=F64)
+    B0 = 4e3 + 3e4 * torch.rand(E, R, generator=g, dtype=F64)
+    snr0 = 5 + 20 * torch.rand(E, R, generator=g, dtype=F64)
+    u = torch.rand(T, E, R, generator=g, dtype=F64)
+    res = {}
+    for slots in ("autograd", "recompute", "tape"):
+        leaves = [t.clone().requires_grad_() for t in (p0, B0, snr0)]
+        net = DiffFluid(E, R, mode="L1", tau=0.05, cfg=cfg, dtype=F64)
+        net.slots = slots
+        k = rollout(net, T, leaves[0], leaves[1], snr_db=leaves[2], warmup=2, sends=sends,
+                    u=u if sends == "relaxed" else None)
+        loss = kpi_mix(k) + k["delivery_ratio"]
+        res[slots] = (loss.detach(), *torch.autograd.grad(loss, leaves))
+    for slots in ("recompute", "tape"):
+        torch.testing.assert_close(res[slots][0], res["autograd"][0], rtol=1e-12, atol=0)
+        for a, b in zip(res[slots][1:], res["autograd"][1:], strict=True):
+            assert float(b.abs().max()) > 0
+            torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-12)
 
 
 def test_slot_loop_variants_agree_in_a_rollout():

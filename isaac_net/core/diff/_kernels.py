@@ -12,11 +12,12 @@ autograd: it is the inside of a node whose backward is another kernel.
 A compiled kernel is also kept on disk, in ``isaac_net_kernels/`` of inductor's cache directory
 (``TORCHINDUCTOR_CACHE_DIR``): inductor's generated module and how to call it, keyed by the
 function and its module's source, the library's sources, torch's version and inductor's
-settings, the CPU's vector instructions, the dtype, device and static sizes. A later process
-loads it instead of tracing the function again (dynamo and AOT tracing of the two slot
-kernels were most of a warm first call); a loaded kernel is checked once against the
-function run eagerly, and one that does not match, load or parse is compiled as if nothing
-were kept.
+settings, the CPU's vector instructions and torch thread count (on a GPU its model), the
+dtype, device and static sizes. A later process loads it instead of tracing the function
+again (dynamo and AOT tracing of the two slot kernels were most of a warm first call); a
+loaded kernel is checked once against the function run eagerly, and one that does not match,
+load or parse is compiled as if nothing were kept. :class:`Precompiled` does the same for a
+whole function with autograd (the compiled step), through dynamo's ``aot_compile``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ def _library_key() -> str:
 def _source_key(path: str) -> str:
     """The hash of a kernel function's own module (it may live outside the library)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _target(device: torch.device) -> list:
+    """What inductor generated the code for besides the sources: on the CPU the torch thread count
+    (its parallel loops are written for it), on a GPU the GPU's name and architecture."""
+    if device.type == "cuda":
+        return [torch.cuda.get_device_name(device), list(torch.cuda.get_device_capability(device))]
+    return [torch.get_num_threads()]
 
 
 def _store() -> Path:
@@ -167,9 +176,7 @@ class Kernel:
                   for d, n in enumerate(t.shape)] for t in args]
         device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
-                _library_key(), str(args[0].dtype), str(device), sizes]
-        if device.type == "cuda":  # generated for this GPU's architecture
-            what += [torch.cuda.get_device_name(device), list(torch.cuda.get_device_capability(device))]
+                _library_key(), str(args[0].dtype), str(device), sizes, *_target(device)]
         return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.json"
 
     def _save(self, path: Path, graph: _Graph, inner) -> None:
@@ -303,8 +310,8 @@ class Precompiled:
     def _path(self, pattern: tuple, args: tuple) -> Path:
         what = [self.fn.__module__, self.fn.__qualname__, list(self.tag),
                 _source_key(inspect.getsourcefile(self.fn)), _library_key(), repr(pattern)]
-        devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
-        what += [[torch.cuda.get_device_name(d), list(torch.cuda.get_device_capability(d))] for d in devices]
+        for device in sorted({a.device for a in args if isinstance(a, torch.Tensor)}, key=str):
+            what += _target(device)
         return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.aot"
 
     def _get(self, pattern: tuple, args: tuple):

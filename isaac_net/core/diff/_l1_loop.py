@@ -44,12 +44,13 @@ TAPE = ("b", "db", "N", "dN", "sh", "H", "dH", "dsv", "se", "s1", "ds1")
 TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` before the slot
 
 
-def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True):
+def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True, gate=None):
     """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
-    without ``deriv``) and ``served`` after it."""
+    without ``deriv``) and ``served`` after it. ``gate`` ``[R, E]`` (the slots of a latency
+    floor): the weight with which a robot counts as backlogged (``b`` stays the ungated one)."""
     unfinished = (w * (1.0 - c)).sum(0)  # the robot's mass not yet served, [R, E]
     b, db = smin1_vjp(unfinished, tau, deriv=deriv)
-    N, dN = smax1_vjp(b.sum(0, keepdim=True), tau, deriv=deriv)
+    N, dN = smax1_vjp((b if gate is None else b * gate).sum(0, keepdim=True), tau, deriv=deriv)
     sh = num_subbands / N
     H, dH = smax1_vjp(sh, tau, deriv=deriv)
     q = torch.log2(1.0 + snr_lin / H)
@@ -59,23 +60,28 @@ def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool =
     return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
 
 
-def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa, deriv=False):
+def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa, deriv=False,
+                  gate=None):
     """One slot forward: ``(served, tx, csum, c)`` after it from the same before it, and the slot's
     ``TAPE`` values (derivatives with ``deriv``). The body of both loops (a
     :class:`~._kernels.Kernel` in the compiled one, through :func:`_consts_slot_forward`)."""
-    values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv)
+    values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv, gate=gate)
     b, s1 = values[0], values[9]
+    if gate is not None:
+        b = b * gate
     return (served, tx + b * s1, csum + c, _completion(served, log_cum, tau)), values  # tx += b smin(sh, 1)
 
 
-def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False):
-    """The K slots without a graph: ``(served, tx, csum, served_before, tape)``.
+def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False,
+             gate=None, served0=None):
+    """The K slots without a graph: ``(served, tx, csum, served_before, tape)``, from ``served0``
+    (None: 0) and the completion ``c0``; ``gate`` as in :func:`_slot` (None: 1).
 
     ``served_before`` ``[K, E, R]`` holds ``served`` at the start of each slot. With
     ``keep_tape`` ``tape`` lists each slot's ``TAPE`` values (~12 ``[E, R]`` per slot) for the
     backward; otherwise it is empty and the backward recomputes them from ``served_before``.
     """
-    served = torch.zeros_like(snr_lin)
+    served = torch.zeros_like(snr_lin) if served0 is None else served0
     tx = torch.zeros_like(snr_lin)
     csum = torch.zeros_like(c0)
     c = c0
@@ -83,7 +89,7 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
     for _ in range(K):
         history.append(served)
         (served, tx, csum, c), values = _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau,
-                                                      num_subbands, se_max, kappa, deriv=keep_tape)
+                                                      num_subbands, se_max, kappa, deriv=keep_tape, gate=gate)
         if keep_tape:
             tape.append(values)
     # One [K, ...] tensor per TAPE value: 12 saved tensors instead of 12 K (each saved tensor costs
@@ -92,16 +98,19 @@ def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, 
 
 
 def _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
-                       t_bar, cs_bar, gw, glc, gsnr, tau, num_subbands, se_max, kappa, values=None):
+                       t_bar, cs_bar, gw, glc, gsnr, tau, num_subbands, se_max, kappa, values=None, gate=None,
+                       ggate=None):
     """The adjoint of one slot, a step of the reverse walk: the gradients after the slot
     (``c_bar``, ``s_bar``; ``t_bar``, ``cs_bar`` are the same in every slot; the sums ``gw``,
     ``glc``, ``gsnr``) to ``(c_bar, s_bar, gw, glc, gsnr)`` before it, and the completion before
     the slot before it (the next step's ``c_prev``, from ``served_prev2``). ``c_prev``,
     ``served_prev``: before the slot; ``c``, ``served``: after it; ``values``: the slot's
-    ``TAPE`` values, or None to recompute them."""
+    ``TAPE`` values, or None to recompute them. With ``gate``, the sum ``ggate`` of its gradient
+    comes last."""
     if values is None:
-        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa)
+        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa, gate=gate)
     b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
+    bg = b if gate is None else b * gate  # the weight the robot is counted with
     # c = sigmoid(log(served) / tau - log_cum)
     z_bar = c_bar * c * (1.0 - c)
     glc = glc - z_bar
@@ -109,54 +118,70 @@ def _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, serv
     s_bar = s_bar + torch.where(live, z_bar.sum(0) / (tau * torch.clamp(served, min=_tiny(served))), 0.0)
     # tx += b smin(sh, 1);  served += kappa sh se
     b_bar = t_bar * s1
-    sh_bar = (t_bar * b).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
+    sh_bar = (t_bar * bg).sum(0, keepdim=True) * ds1 + kappa * (s_bar * se).sum(0, keepdim=True)
     q_bar = s_bar * (kappa * sh) * dsv
     # q = log2(1 + snr / H)
     common = q_bar / (LN2 * (H + snr_lin))
     gsnr = gsnr + common
     sh_bar = sh_bar - (common * snr_lin / H).sum(0, keepdim=True) * dH
-    # sh = S / N, N = smax(n, 1), n = sum_r b, b = smin(u, 1)
+    # sh = S / N, N = smax(n, 1), n = sum_r bg, bg = gate b, b = smin(u, 1)
     n_bar = -sh_bar * sh / N * dN
-    u_bar = (b_bar + n_bar) * db
+    bg_bar = b_bar + n_bar
+    if gate is not None:
+        ggate = ggate + bg_bar * b
+        bg_bar = bg_bar * gate
+    u_bar = bg_bar * db
     # u = sum_a w_a (1 - c_a) (unfinished mass);  csum += c
     gw = gw + u_bar * (1.0 - c_prev)
     c_bar = cs_bar - u_bar * w
-    return c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau)
+    out = (c_bar, s_bar, gw, glc, gsnr, _completion(served_prev2, log_cum, tau))
+    return out if gate is None else (*out, ggate)
 
 
-def _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau):
-    """``(gw, glc, gsnr)``: the slots in reverse, ``step(k, args)`` the adjoint of slot ``k`` with
-    ``args`` the arguments of :func:`_slot_adjoint_step` up to ``tau`` (the eager node calls it
-    directly, the compiled backward its kernel). ``served_before``: K ``[E, R]`` (a ``[K, E, R]``
-    tensor or a list)."""
+def _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau,
+                  gate=None):
+    """``(gw, glc, gsnr, gc0, gserved0)``, and ``ggate`` with ``gate``: the slots in reverse,
+    ``step(k, args)`` the adjoint of slot ``k`` with ``args`` the arguments of
+    :func:`_slot_adjoint_step` up to ``tau``, then ``(gate, ggate)`` with a gate (the eager node
+    calls it directly, the compiled backward its kernel). ``served_before``: K ``[E, R]`` (a
+    ``[K, E, R]`` tensor or a list)."""
     K = len(served_before)
     c_bar, s_bar, gw, glc, gsnr = (torch.zeros_like(c0), g_served, torch.zeros_like(w),
                                    torch.zeros_like(log_cum), torch.zeros_like(snr_lin))
+    ggate = None if gate is None else torch.zeros_like(snr_lin)
     c, served = _completion(served_K, log_cum, tau), served_K  # after slot k
     c_prev = c0 if K == 1 else _completion(served_before[K - 1], log_cum, tau)
     for k in range(K - 1, -1, -1):
-        # The start of the slot before this one (unused at k = 0: any tensor not an argument already).
-        served_prev2 = served_before[k - 1] if k > 0 else served_K
+        # The start of the slot before this one (unused at k = 0: a tensor that is no other argument).
+        served_prev2 = served_before[k - 1] if k > 0 else torch.zeros_like(served_K)
         args = (w, log_cum, snr_lin, c_prev, c, served_before[k], served, served_prev2, c_bar, s_bar, g_tx,
-                g_csum, gw, glc, gsnr, tau)
-        c_bar, s_bar, gw, glc, gsnr, c_next = step(k, args)
+                g_csum, gw, glc, gsnr, tau) + (() if gate is None else (gate, ggate))
+        c_bar, s_bar, gw, glc, gsnr, c_next, *rest = step(k, args)
+        if gate is not None:
+            (ggate,) = rest
         c, served = c_prev, served_before[k]
         c_prev = c0 if k == 1 else c_next
-    return gw, glc, gsnr
+    return (gw, glc, gsnr, c_bar, s_bar) + (() if gate is None else (ggate,))
 
 
 def _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx, g_csum, tau, K: int,
-              num_subbands, se_max, kappa):
+              num_subbands, se_max, kappa, gate=None):
     """The eager reverse walk, with each slot's ``TAPE`` values from ``tape`` or recomputed."""
     def step(k, args):
         values = [t[k] for t in tape] if tape else None
-        return _slot_adjoint_step(*args, num_subbands, se_max, kappa, values=values)
+        if gate is None:
+            return _slot_adjoint_step(*args, num_subbands, se_max, kappa, values=values)
+        *args, gate_, ggate = args
+        return _slot_adjoint_step(*args, num_subbands, se_max, kappa, values=values, gate=gate_, ggate=ggate)
 
-    return _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau)
+    return _reverse_walk(step, w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau,
+                         gate)
 
 
 class L1SlotLoop(torch.autograd.Function):
-    """``(w, log_cum, snr_lin, c0) -> (served, tx_frac, c_sum)`` after K slots.
+    """``(w, log_cum, snr_lin, c0) -> (served, tx_frac, c_sum)`` after K slots; with ``gate``
+    ``[E, R]`` a robot counts as backlogged with that weight (the slots of a latency floor),
+    ``served0`` ``[E, R]`` is ``served`` before the first slot (None: 0).
 
     Keeps ``served`` at the start of each slot (``[K, E, R]``) for the backward, which
     recomputes the other per-slot values while it walks the slots in reverse, or with
@@ -165,23 +190,30 @@ class L1SlotLoop(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, keep_tape=False):
+    def forward(ctx, w, log_cum, snr_lin, c0, tau, K, num_subbands, se_max, kappa, keep_tape=False, gate=None,
+                served0=None):
         consts = (tau, K, num_subbands, se_max, kappa)
         w, log_cum, snr_lin, c0 = (_flip_dims(t) for t in (w, log_cum, snr_lin, c0))
-        served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, *consts, keep_tape)
-        ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, *tape)
+        gate, served0 = (None if t is None else _flip_dims(t) for t in (gate, served0))
+        served, tx, csum, served_before, tape = _forward(w, log_cum, snr_lin, c0, *consts, keep_tape, gate,
+                                                         served0)
+        ctx.save_for_backward(w, log_cum, snr_lin, c0, served_before, served, gate, *tape)
         ctx.consts = consts
         return _flip_dims(served), _flip_dims(tx), _flip_dims(csum)
 
     @staticmethod
     def backward(ctx, g_served, g_tx, g_csum):
-        w, log_cum, snr_lin, c0, served_before, served_K, *tape = ctx.saved_tensors
+        w, log_cum, snr_lin, c0, served_before, served_K, gate, *tape = ctx.saved_tensors
         g_served = torch.zeros_like(snr_lin) if g_served is None else _flip_dims(g_served)
         g_tx = torch.zeros_like(snr_lin) if g_tx is None else _flip_dims(g_tx)
         g_csum = torch.zeros_like(c0) if g_csum is None else _flip_dims(g_csum)
-        gw, glc, gsnr = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape, g_served, g_tx,
-                                  g_csum, *ctx.consts)
-        return _flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), None, None, None, None, None, None, None
+        gw, glc, gsnr, gc0, gs0, *ggate = _backward(w, log_cum, snr_lin, c0, served_before, served_K, tape,
+                                                     g_served, g_tx, g_csum, *ctx.consts, gate)
+        need = ctx.needs_input_grad + (False,) * 2  # the caller may leave gate and served0 out
+        grads = (_flip_dims(gw), _flip_dims(glc), _flip_dims(gsnr), _flip_dims(gc0) if need[3] else None,
+                 None, None, None, None, None, None, _flip_dims(ggate[0]) if ggate and need[10] else None,
+                 _flip_dims(gs0) if need[11] else None)
+        return grads[:len(ctx.needs_input_grad)]
 
 
 # The compiled path: the slot loop as an operator that ``torch.compile`` does not trace into (its
@@ -192,6 +224,11 @@ def _consts_slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, consts):
     return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind())[0]
 
 
+def _consts_slot_forward_gated(w, c, served, tx, csum, snr_lin, log_cum, tau, gate, consts):
+    """:func:`_consts_slot_forward` in the slots of a latency floor (``gate``)."""
+    return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind(), gate=gate)[0]
+
+
 def _consts_slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
                          t_bar, cs_bar, gw, glc, gsnr, tau, consts):
     """:func:`_slot_adjoint_step` with its constants as one tensor."""
@@ -199,8 +236,17 @@ def _consts_slot_adjoint(w, log_cum, snr_lin, c_prev, c, served_prev, served, se
                               t_bar, cs_bar, gw, glc, gsnr, tau, *consts.unbind())
 
 
+def _consts_slot_adjoint_gated(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar,
+                               s_bar, t_bar, cs_bar, gw, glc, gsnr, tau, gate, ggate, consts):
+    """:func:`_consts_slot_adjoint` in the slots of a latency floor (``gate``; its gradient ``ggate``)."""
+    return _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, served_prev2, c_bar, s_bar,
+                              t_bar, cs_bar, gw, glc, gsnr, tau, *consts.unbind(), gate=gate, ggate=ggate)
+
+
 SLOT_FORWARD = Kernel(_consts_slot_forward)
 SLOT_ADJOINT = Kernel(_consts_slot_adjoint)
+SLOT_FORWARD_GATED = Kernel(_consts_slot_forward_gated)
+SLOT_ADJOINT_GATED = Kernel(_consts_slot_adjoint_gated)
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:
@@ -211,23 +257,27 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("isaac_net::l1_slot_loop", mutates_args=())
 def compiled_slot_loop(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Tensor, c0: torch.Tensor,
-                       tau: torch.Tensor, consts: torch.Tensor, K: int
+                       tau: torch.Tensor, consts: torch.Tensor, K: int, gate: torch.Tensor | None = None,
+                       served0: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """``(served, tx, csum, served_before)`` after K slots, in the loop's layout (``[A, R, E]``,
     ``[R, E]``; ``served_before``: ``served`` at the start of each slot, K ``[R, E]``);
-    ``consts = (num_subbands, se_max, kappa)``."""
+    ``consts = (num_subbands, se_max, kappa)``; ``gate`` and ``served0`` as in :class:`L1SlotLoop`."""
     w, log_cum, snr_lin, c0, tau, consts = (_own(t) for t in (w, log_cum, snr_lin, c0, tau, consts))
-    served, tx, csum, c = torch.zeros_like(snr_lin), torch.zeros_like(snr_lin), torch.zeros_like(c0), c0
+    served = torch.zeros_like(snr_lin) if served0 is None else served0.clone()  # an output: not the input
+    tx, csum, c = torch.zeros_like(snr_lin), torch.zeros_like(c0), c0
+    extra = () if gate is None else (_own(gate),)
+    kernel = SLOT_FORWARD if gate is None else SLOT_FORWARD_GATED
     history = []
-    slot = SLOT_FORWARD.graph(w, c, served, tx, csum, snr_lin, log_cum, tau, consts)  # every slot's shapes
+    slot = kernel.graph(w, c, served, tx, csum, snr_lin, log_cum, tau, *extra, consts)  # every slot's shapes
     for _ in range(K):
         history.append(served)
-        served, tx, csum, c = slot(w, c, served, tx, csum, snr_lin, log_cum, tau, consts)
+        served, tx, csum, c = slot(w, c, served, tx, csum, snr_lin, log_cum, tau, *extra, consts)
     return served, tx, csum, history
 
 
 @compiled_slot_loop.register_fake
-def _(w, log_cum, snr_lin, c0, tau, consts, K):
+def _(w, log_cum, snr_lin, c0, tau, consts, K, gate=None, served0=None):
     return (torch.empty_like(snr_lin), torch.empty_like(snr_lin), torch.empty_like(c0),
             [torch.empty_like(snr_lin) for _ in range(K)])
 
@@ -236,39 +286,67 @@ def _(w, log_cum, snr_lin, c0, tau, consts, K):
 def compiled_slot_loop_backward(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Tensor,
                                 c0: torch.Tensor, served_before: list[torch.Tensor], served_K: torch.Tensor,
                                 g_served: torch.Tensor, g_tx: torch.Tensor, g_csum: torch.Tensor,
-                                tau: torch.Tensor, consts: torch.Tensor
-                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(gw, glc, gsnr)``: :func:`_reverse_walk` with one :data:`SLOT_ADJOINT` call per slot."""
+                                tau: torch.Tensor, consts: torch.Tensor, gate: torch.Tensor | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                           torch.Tensor, torch.Tensor]:
+    """``(gw, glc, gsnr, gc0, gserved0, ggate)`` (``ggate`` 0 without a gate): :func:`_reverse_walk`
+    with one :data:`SLOT_ADJOINT` (or :data:`SLOT_ADJOINT_GATED`) call per slot."""
     w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts = (
         _own(t) for t in (w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts))
+    gate = None if gate is None else _own(gate)
+    adjoint = SLOT_ADJOINT if gate is None else SLOT_ADJOINT_GATED
     kernel = []  # looked up once: every slot's shapes are the same
 
     def step(k, args):
         if not kernel:
-            kernel.append(SLOT_ADJOINT.graph(*args, consts))
+            kernel.append(adjoint.graph(*args, consts))
         return kernel[0](*args, consts)
 
-    return _reverse_walk(step, w, log_cum, snr_lin, c0, [_own(t) for t in served_before], served_K, g_served,
-                         g_tx, g_csum, tau)
+    out = _reverse_walk(step, w, log_cum, snr_lin, c0, [_own(t) for t in served_before], served_K, g_served,
+                        g_tx, g_csum, tau, gate)
+    return out if gate is not None else (*out, torch.zeros_like(snr_lin))
 
 
 @compiled_slot_loop_backward.register_fake
-def _(w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau, consts):
-    return torch.empty_like(w), torch.empty_like(log_cum), torch.empty_like(snr_lin)
+def _(w, log_cum, snr_lin, c0, served_before, served_K, g_served, g_tx, g_csum, tau, consts, gate=None):
+    return (torch.empty_like(w), torch.empty_like(log_cum), torch.empty_like(snr_lin), torch.empty_like(c0),
+            torch.empty_like(snr_lin), torch.empty_like(snr_lin))
 
 
 def _setup_context(ctx, inputs, output):
-    w, log_cum, snr_lin, c0, tau, consts, K = inputs
-    ctx.save_for_backward(w, log_cum, snr_lin, c0, tau, consts, output[0], *output[3])
+    w, log_cum, snr_lin, c0, tau, consts, K, gate, served0 = inputs
+    ctx.gated, ctx.has_served0 = gate is not None, served0 is not None
+    ctx.save_for_backward(w, log_cum, snr_lin, c0, tau, consts, output[0], *((gate,) if ctx.gated else ()),
+                          *output[3])
 
 
 def _compiled_backward(ctx, g_served, g_tx, g_csum, _g_history):
-    w, log_cum, snr_lin, c0, tau, consts, served_K, *served_before = ctx.saved_tensors
+    w, log_cum, snr_lin, c0, tau, consts, served_K, *rest = ctx.saved_tensors
+    gate, served_before = (rest[0], rest[1:]) if ctx.gated else (None, rest)
     zero = torch.zeros_like(snr_lin)
-    gw, glc, gsnr = compiled_slot_loop_backward(
-        w, log_cum, snr_lin, c0, served_before, served_K, zero if g_served is None else g_served,
-        zero if g_tx is None else g_tx, torch.zeros_like(c0) if g_csum is None else g_csum, tau, consts)
-    return gw, glc, gsnr, None, None, None, None
+    gw, glc, gsnr, gc0, gs0, ggate = compiled_slot_loop_backward(
+        w, log_cum, snr_lin, c0, list(served_before), served_K, zero if g_served is None else g_served,
+        zero if g_tx is None else g_tx, torch.zeros_like(c0) if g_csum is None else g_csum, tau, consts, gate)
+    # c0 and served0 get their gradients whether or not they require one (autograd drops them then);
+    # one per input the op was called with (the dispatcher leaves out trailing defaults).
+    grads = (gw, glc, gsnr, gc0, None, None, None, ggate if ctx.gated else None,
+             gs0 if ctx.has_served0 else None)
+    return grads[:len(ctx.needs_input_grad)]
+
+
+def slot_loop(w, log_cum, snr_lin, c0, K: int, *, tau, consts: tuple, keep_tape: bool = False, gate=None,
+              served0=None):
+    """``(served, tx_frac, c_sum)`` (``[E, R]``, ``[E, R]``, ``[E, R, A]``) after K slots from the
+    model's layout: :class:`L1SlotLoop` eager, :func:`compiled_slot_loop` inside a compiled step
+    (one compiled kernel per slot); ``consts = (num_subbands, se_max, kappa)``."""
+    if not torch.compiler.is_compiling():
+        return L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts, keep_tape, gate, served0)
+    flip = _flip_dims
+    const_t = torch.tensor(consts, dtype=w.dtype, device=w.device)
+    served, tx, csum, _ = compiled_slot_loop(flip(w), flip(log_cum), flip(snr_lin), flip(c0), tau, const_t, K,
+                                             None if gate is None else flip(gate),
+                                             None if served0 is None else flip(served0))
+    return flip(served), flip(tx), flip(csum)
 
 
 compiled_slot_loop.register_autograd(_compiled_backward, setup_context=_setup_context)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-import warnings
 
 import torch
 
@@ -21,7 +20,7 @@ from isaac_net.core import _validate, radio
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import _l1_loop, relax
 from isaac_net.core.diff._kernels import Precompiled
-from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT, L1SlotLoop
+from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
 
@@ -96,10 +95,11 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     ``tau = 0`` (``g`` is 0 or 1); ``L = K``: the completion is the mixture to the end.
 
     :input mass_before: ``[E, R]`` the queue's mass before this step's capture.
-    :param slots: how the slot loop is differentiated (``tau > 0``, no floor): ``"recompute"`` and
-        ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values;
-        ``"autograd"``, autograd through every slot (the plain per-slot design, a baseline). With a
-        floor the loop always runs through autograd of ``_l1_slot``.
+    :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
+        ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values (with a
+        floor, one node for the first ``L`` slots, gated, and one for the rest, from the
+        expected bytes offered); ``"autograd"``, autograd through every slot of the recursion
+        below (the plain per-slot design, a baseline, and the reference the nodes are tested against).
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
@@ -111,17 +111,29 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
     c0 = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
     w_sum = w.sum(-1)
-    if L == 0 and not relax.is_hard(tau) and slots != "autograd":
+    if not relax.is_hard(tau) and slots != "autograd":
         # Inside the loop the completion needs only log(served) against log(cum), computed once.
+        # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
+        # is queued, 1 where none is) enters the loops as a constant.
         log_cum = relax._log_pos(cum) / tau
-        if torch.compiler.is_compiling():  # an operator looping over one compiled kernel per slot
-            flip, const_t = _l1_loop._flip_dims, torch.tensor(consts, dtype=x.dtype, device=x.device)
-            served, tx_frac, c_sum, _ = _l1_loop.compiled_slot_loop(flip(w), flip(log_cum), flip(snr_lin),
-                                                                     flip(c0), tau, const_t, K)
-            served, tx_frac, c_sum = flip(served), flip(tx_frac), flip(c_sum)
-        else:
-            served, tx_frac, c_sum = L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts,
-                                                      slots == "tape")
+        loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
+                                 keep_tape=slots == "tape")
+        if L == 0:
+            served, tx_frac, c_sum = loop(c0.detach(), K)
+        else:  # the reference's two phases below, each one slot loop
+            gate = relax.smin(mass_before, 1.0, tau)  # P(the queue was not empty)
+            g3 = gate.unsqueeze(-1)
+            base, tx_frac, c_sum_ne = loop(c0.detach(), L, gate=gate)  # the not-empty case's first L slots
+            c_sum = L * c0 + g3 * (c_sum_ne - L * c0)  # the mixture's completions, summed
+            if L == K:  # the floor fills the step: a robot that was empty is not served at all
+                c_ne, _, rest_ne = relax.fifo_serve(x, cum, base.unsqueeze(-1), tau)
+                c = c0 + g3 * (c_ne - c0)
+                return c, c - c_sum / K, gate * base, tx_frac * cfg.slot_s, x + g3 * (rest_ne - x)
+            # After the floor, the completion of the expected bytes offered, S_k - (1 - g) S_{L-1}:
+            # a loop from gate * base whose first slot sees the mixture's completion.
+            c_mix = c0 + g3 * (torch.sigmoid(relax._log_pos(base).unsqueeze(-1) / tau - log_cum) - c0)
+            served, tx_late, c_sum_late = loop(c_mix, K - L, served0=gate * base)
+            tx_frac, c_sum = tx_frac + tx_late, c_sum + c_sum_late
         c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
         # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
         return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
@@ -254,7 +266,7 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if compiled and tau > 0 and tau_n > 0 and not _compile_falls_back(mode, cfg):
+    if compiled and tau > 0 and tau_n > 0:
         out = _run_compiled(mode, slots, tensors, tau, tau_n, cfg)
     elif _qa_fused(mode, compiled, tau, tau_n, slots):
         out = qa_step(*tensors, tau, tau_n, cfg)
@@ -274,18 +286,6 @@ def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str) -
 
 
 _COMPILED_STEPS: dict = {}
-
-
-@functools.lru_cache(maxsize=None)
-def _compile_falls_back(mode: str, cfg: CellConfig) -> bool:
-    """L1D with a latency floor runs eager under ``compile=True`` (warned once per config): its
-    slot loop is the mixture of ``_service_l1`` through autograd, which has no compiled kernel,
-    and unrolling K slots into one graph takes minutes to compile."""
-    if mode != "L1" or cfg.l1_sr_slots == 0:
-        return False
-    warnings.warn(f"compile=True: L1D with a latency floor (cfg.l1_sr_slots = {cfg.l1_sr_slots}) runs eager; "
-                  "only the model without a floor has a compiled slot loop", stacklevel=4)
-    return True
 
 
 def _compiled_step(mode: str, slots: str) -> Precompiled:
@@ -391,9 +391,8 @@ class DiffFluid:
         the slot kernels are kept on disk (``isaac_net_kernels/`` in ``TORCHINDUCTOR_CACHE_DIR``,
         by default ``/tmp/torchinductor_$USER``). Warm-up with an empty cache: under a minute on
         one core; with a warm one a few seconds in every new process, importing torch's
-        compiler and loading the kept step, nothing traced (the cost stage measures both). At ``tau = 0`` or
-        ``tau_n = 0`` the step runs eager (the hard operations), and so does L1D with a latency
-        floor (``cfg.l1_sr_slots > 0``, warned).
+        compiler and loading the kept step, nothing traced (the cost stage measures both). At
+        ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
