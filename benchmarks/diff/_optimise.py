@@ -136,7 +136,8 @@ def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cf
         if spec.get("proxy"):
             cost = _proxy_cost(proxy, dec, cfg, params["cost"])
         else:
-            net = DiffFluid(E, R, dev, mode=spec["mode"], tau=tau, cfg=cfg, dtype=dtype)
+            net = DiffFluid(E, R, dev, mode=spec["mode"], tau=tau, cfg=cfg, dtype=dtype,
+                            compile=spec["mode"] in params.get("compile", []))
             u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype).to(dev)
             res = rollout(net, int(params["T"]), dec["p"], dec["B"], pos=dec["pos"], tx_dbm=dec["tx_dbm"],
                           warmup=int(params["warmup"]), sends=spec["sends"],
