@@ -340,6 +340,7 @@ def slot_loop(w, log_cum, snr_lin, c0, K: int, *, tau, consts: tuple, keep_tape:
     model's layout: :class:`L1SlotLoop` eager, :func:`compiled_slot_loop` inside a compiled step
     (one compiled kernel per slot); ``consts = (num_subbands, se_max, kappa)``."""
     if not torch.compiler.is_compiling():
+        keep_tape = keep_tape and torch.is_grad_enabled()  # no backward to come: no tape to keep
         return L1SlotLoop.apply(w, log_cum, snr_lin, c0, tau, K, *consts, keep_tape, gate, served0)
     flip = _flip_dims
     const_t = torch.tensor(consts, dtype=w.dtype, device=w.device)
