@@ -89,6 +89,19 @@ def _target(device: torch.device) -> list:
     return [torch.get_num_threads()]
 
 
+def _store_file(what: list, suffix: str) -> Path:
+    """The store's file for the key ``what`` (a JSON-able list)."""
+    return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}{suffix}"
+
+
+def _matches_eager(got, eager) -> bool:
+    """Whether a loaded graph's outputs match the function run eagerly: float64 within 1e-9,
+    other dtypes within 1e-4 (relative)."""
+    f64 = all(t.dtype == torch.float64 for t in eager if t.is_floating_point())
+    tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
+    return _same(got, eager, **tol)
+
+
 def _store() -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -177,7 +190,7 @@ class Kernel:
         device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
                 _library_key(), str(args[0].dtype), str(device), sizes, *_target(device)]
-        return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.json"
+        return _store_file(what, ".json")
 
     def _save(self, path: Path, graph: _Graph, inner) -> None:
         """Keep a compiled graph for later processes: inductor's generated module (``<key>.py``)
@@ -214,9 +227,7 @@ class Kernel:
             got = graph(*args)
         except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
             return None
-        f64 = args[0].dtype == torch.float64
-        tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
-        return graph if _same(got, eager, **tol) else None
+        return graph if _matches_eager(got, eager) else None
 
     def _keep(self, gm, example_inputs):
         """The dynamo backend: inductor, keeping what it compiled for the direct calls."""
@@ -276,14 +287,13 @@ class Precompiled:
         self.num_compiles = self.num_loads = self.num_fallbacks = 0
 
     def _pattern(self, args: tuple) -> tuple:
-        """What selects a compiled function: grad mode; each tensor's dtype, device, sizes (``dim``
-        free unless it is 1: dynamo specialises size 1) and whether it requires grad; the rest by
-        value."""
+        """What selects a compiled function (every step looks it up): grad mode; each tensor's
+        dtype, device, sizes (``dim`` free unless it is 1: dynamo specialises size 1) and whether it
+        requires grad; the other arguments themselves (hashable; the disk key takes their repr)."""
         d = self.dim
         return (torch.is_grad_enabled(),) + tuple(
-            (str(a.dtype), str(a.device), tuple(-1 if i == d and n != 1 and a.dim() > d else n
-                                                for i, n in enumerate(a.shape)), a.requires_grad)
-            if isinstance(a, torch.Tensor) else repr(a) for a in args)
+            (a.dtype, a.device, tuple(-1 if i == d and n != 1 else n for i, n in enumerate(a.shape)),
+             a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, *args):
         pattern = self._pattern(args)
@@ -312,7 +322,7 @@ class Precompiled:
                 _source_key(inspect.getsourcefile(self.fn)), _library_key(), repr(pattern)]
         for device in sorted({a.device for a in args if isinstance(a, torch.Tensor)}, key=str):
             what += _target(device)
-        return _store() / f"{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}.aot"
+        return _store_file(what, ".aot")
 
     def _get(self, pattern: tuple, args: tuple):
         path = self._path(pattern, args)
@@ -363,9 +373,7 @@ class Precompiled:
                 eager = _tensors(self.fn(*args))
         except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
             return None
-        f64 = all(t.dtype == torch.float64 for t in eager if t.is_floating_point())
-        tol = {"rtol": 1e-9, "atol": 1e-12} if f64 else {"rtol": 1e-4, "atol": 1e-6}
-        return fn if _same(got, eager, **tol) else None
+        return fn if _matches_eager(got, eager) else None
 
 
 def _tensors(out) -> list:

@@ -46,18 +46,20 @@ TENSORS_PER_SLOT = len(TAPE) + 1  # with the tape: its values and ``served`` bef
 
 def _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv: bool = True, gate=None):
     """One slot from ``(c, served)`` before it: the values of ``TAPE`` (derivatives None
-    without ``deriv``) and ``served`` after it. ``gate`` ``[R, E]`` (the slots of a latency
-    floor): the weight with which a robot counts as backlogged (``b`` stays the ungated one)."""
+    without ``deriv``), ``served`` after it and the weight ``bg`` each robot is counted with
+    among the backlogged: ``b``, or with ``gate`` ``[R, E]`` (the slots of a latency floor)
+    ``gate * b`` (the tape keeps the ungated ``b``)."""
     unfinished = (w * (1.0 - c)).sum(0)  # the robot's mass not yet served, [R, E]
     b, db = smin1_vjp(unfinished, tau, deriv=deriv)
-    N, dN = smax1_vjp((b if gate is None else b * gate).sum(0, keepdim=True), tau, deriv=deriv)
+    bg = b if gate is None else b * gate
+    N, dN = smax1_vjp(bg.sum(0, keepdim=True), tau, deriv=deriv)
     sh = num_subbands / N
     H, dH = smax1_vjp(sh, tau, deriv=deriv)
     q = torch.log2(1.0 + snr_lin / H)
     sv, dsv = smin1_vjp(q / se_max, tau, deriv=deriv)
     se = se_max * sv
     s1, ds1 = smin1_vjp(sh, tau, deriv=deriv)
-    return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se
+    return (b, db, N, dN, sh, H, dH, dsv, se, s1, ds1), served + kappa * sh * se, bg
 
 
 def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, se_max, kappa, deriv=False,
@@ -65,11 +67,10 @@ def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, s
     """One slot forward: ``(served, tx, csum, c)`` after it from the same before it, and the slot's
     ``TAPE`` values (derivatives with ``deriv``). The body of both loops (a
     :class:`~._kernels.Kernel` in the compiled one, through :func:`_consts_slot_forward`)."""
-    values, served = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv, gate=gate)
-    b, s1 = values[0], values[9]
-    if gate is not None:
-        b = b * gate
-    return (served, tx + b * s1, csum + c, _completion(served, log_cum, tau)), values  # tx += b smin(sh, 1)
+    values, served, bg = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv,
+                               gate=gate)
+    s1 = values[9]
+    return (served, tx + bg * s1, csum + c, _completion(served, log_cum, tau)), values  # tx += bg smin(sh, 1)
 
 
 def _forward(w, log_cum, snr_lin, c0, tau, K: int, num_subbands, se_max, kappa, keep_tape: bool = False,
@@ -108,9 +109,10 @@ def _slot_adjoint_step(w, log_cum, snr_lin, c_prev, c, served_prev, served, serv
     ``TAPE`` values, or None to recompute them. With ``gate``, the sum ``ggate`` of its gradient
     comes last."""
     if values is None:
-        values, _ = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa, gate=gate)
+        values, _, bg = _slot(w, c_prev, served_prev, snr_lin, tau, num_subbands, se_max, kappa, gate=gate)
+    else:
+        bg = values[0] if gate is None else values[0] * gate  # the weight the robot is counted with
     b, db, N, dN, sh, H, dH, dsv, se, s1, ds1 = values
-    bg = b if gate is None else b * gate  # the weight the robot is counted with
     # c = sigmoid(log(served) / tau - log_cum)
     z_bar = c_bar * c * (1.0 - c)
     glc = glc - z_bar

@@ -110,12 +110,17 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     cum = _fifo_cum(x)
     consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
     c0 = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
-    w_sum = w.sum(-1)
+    if relax.is_hard(tau):
+        def completion(s):
+            return relax.soft_ge(s.unsqueeze(-1), cum, tau)
+    else:  # the completion needs only log(served) against log(cum), computed once
+        log_cum = relax._log_pos(cum) / tau
+
+        def completion(s):
+            return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
     if not relax.is_hard(tau) and slots != "autograd":
-        # Inside the loop the completion needs only log(served) against log(cum), computed once.
         # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
         # is queued, 1 where none is) enters the loops as a constant.
-        log_cum = relax._log_pos(cum) / tau
         loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
                                  keep_tape=slots == "tape")
         if L == 0:
@@ -131,20 +136,13 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
                 return c, c - c_sum / K, gate * base, tx_frac * cfg.slot_s, x + g3 * (rest_ne - x)
             # After the floor, the completion of the expected bytes offered, S_k - (1 - g) S_{L-1}:
             # a loop from gate * base whose first slot sees the mixture's completion.
-            c_mix = c0 + g3 * (torch.sigmoid(relax._log_pos(base).unsqueeze(-1) / tau - log_cum) - c0)
+            c_mix = c0 + g3 * (completion(base) - c0)
             served, tx_late, c_sum_late = loop(c_mix, K - L, served0=gate * base)
             tx_frac, c_sum = tx_frac + tx_late, c_sum + c_sum_late
         c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
         # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
         return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
-    if relax.is_hard(tau):
-        def completion(s):
-            return relax.soft_ge(s.unsqueeze(-1), cum, tau)
-    else:
-        log_cum = relax._log_pos(cum) / tau
-
-        def completion(s):
-            return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
+    w_sum = w.sum(-1)
     gate = relax.smin(mass_before, 1.0, tau) if L > 0 else None  # P(the queue was not empty)
     g3 = None if gate is None else gate.unsqueeze(-1)
     c_sum = torch.zeros_like(x)
