@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import json
 import math
 
 import pytest
@@ -636,7 +637,7 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     first = _kernels.Kernel(_kernel_body)
     torch.testing.assert_close(first(a, b), _kernel_body(a, b), rtol=1e-12, atol=0)
     assert (first.num_compiles, first.num_loads) == (1, 0)
-    kept = sorted(f.suffix for f in tmp_path.iterdir())
+    kept = sorted(f.suffix for f in tmp_path.iterdir() if f.name != "vec_isa.json")
     assert kept == [".json", ".py"]
 
     a2, b2 = (torch.rand(3, 11, generator=g, dtype=F64) for _ in range(2))  # another batch size
@@ -644,10 +645,48 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     torch.testing.assert_close(second(a2, b2), _kernel_body(a2, b2), rtol=1e-12, atol=0)
     assert (second.num_compiles, second.num_loads) == (0, 1)
 
-    next(tmp_path.glob("*.json")).write_text('{"spec": [[0, null]], "stat')  # a write cut short
+    (kept_json,) = (f for f in tmp_path.glob("*.json") if f.name != "vec_isa.json")
+    kept_json.write_text('{"spec": [[0, null]], "stat')  # a write cut short
     third = _kernels.Kernel(_kernel_body)
     torch.testing.assert_close(third(a, b), _kernel_body(a, b), rtol=1e-12, atol=0)
     assert (third.num_compiles, third.num_loads) == (1, 0)
+
+
+def test_the_store_keeps_inductors_answer_on_the_cpus_vector_instructions(tmp_path, monkeypatch):
+    """Inductor probes which vector instructions it can build for once per process (a compile and a
+    new Python process per candidate); the store keeps its answer for this machine, and a later
+    process loading kept code is told it instead, only where the answer is for the same machine and
+    every candidate worked."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    from isaac_net.core.diff import _kernels
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    monkeypatch.setattr(_kernels, "_isa_told", False)
+    valid = [str(isa) for isa in valid_vec_isa_list()]  # this process's own probe
+    _kernels._remember_isa()
+    record = json.loads((tmp_path / "vec_isa.json").read_text())
+    assert record == {"machine": json.loads(json.dumps(_kernels._isa_machine())), "valid": valid}
+    with _kernels._known_isa():  # probed already in this process: nothing to tell
+        assert inductor_config.cpp.vec_isa_ok is None
+
+    def told() -> bool | None:
+        valid_vec_isa_list.cache_clear()  # as in a new process
+        with _kernels._known_isa():
+            inside = inductor_config.cpp.vec_isa_ok
+        assert inductor_config.cpp.vec_isa_ok is None  # only while loading
+        return inside
+
+    assert told() is (True if valid == _kernels._isa_candidates() else None)
+    monkeypatch.setattr(_kernels, "_isa_told", False)
+    for machine, valid_kept in ((record["machine"][:-2] + [[1, 2], None], valid),  # another compiler file
+                                (record["machine"], valid[:-1] + ["no_such_isa"])):  # a candidate failed
+        (tmp_path / "vec_isa.json").write_text(json.dumps({"machine": machine, "valid": valid_kept}))
+        assert told() is None
+    (tmp_path / "vec_isa.json").write_text('{"machine": [')  # a write cut short: probe
+    assert told() is None
+    valid_vec_isa_list.cache_clear()  # the next compile probes for itself
 
 
 def _precompiled_body(a, b, how: str):

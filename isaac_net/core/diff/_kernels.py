@@ -22,11 +22,15 @@ whole function with autograd (the compiled step), through dynamo's ``aot_compile
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import os
+import platform
+import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -108,6 +112,84 @@ def _store() -> Path:
     return Path(cache_dir()) / "isaac_net_kernels"
 
 
+# Inductor checks which vector instructions (AVX2, AVX-512, ...) it can build for on this machine
+# once per process: it compiles a probe and loads it in a new Python process for each candidate
+# (about 0.7 s, a seventh of a warm first call). The store keeps the answer for the machine, the
+# compiler and torch it was found for; a later process that loads kept code and finds all the
+# candidates were usable tells inductor so (``cpp.vec_isa_ok``) while it loads, instead of probing.
+_ISA_RECORD = "vec_isa.json"
+
+
+def _isa_machine() -> list:
+    """What the probe's answer depends on: torch, the Python running it, the CPU's vector
+    instructions as torch reads them, and the C++ compiler inductor would use (its path and file)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import x86_isa_checker
+
+    cxx = inductor_config.cpp.cxx
+    found = [shutil.which(c) for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    compiler = next((c for c in found if c), None)
+    stat = os.stat(compiler) if compiler else None
+    return [torch.__version__, sys.executable, platform.machine(), x86_isa_checker(), compiler,
+            None if stat is None else [stat.st_size, stat.st_mtime_ns], os.environ.get("ATEN_CPU_CAPABILITY")]
+
+
+def _isa_candidates() -> list[str]:
+    """The vector instruction sets inductor would probe here (those the CPU reports)."""
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
+
+    flags = x86_isa_checker()
+    return [str(isa) for isa in supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+
+
+_isa_told = False  # whether this process told inductor the kept answer instead of probing
+
+
+@contextlib.contextmanager
+def _known_isa():
+    """While loading kept code: tell inductor its vector instructions all work if the store says
+    they did on this machine (nothing changes where it has no such answer: inductor probes)."""
+    global _isa_told
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    told = False
+    if inductor_config.cpp.vec_isa_ok is None and valid_vec_isa_list.cache_info().currsize == 0:
+        try:
+            kept = json.loads((_store() / _ISA_RECORD).read_text())
+            same_machine = kept["machine"] == json.loads(json.dumps(_isa_machine()))  # as JSON keeps it
+            told = same_machine and kept["valid"] == _isa_candidates()
+        except (OSError, ValueError, KeyError, TypeError):
+            told = False
+    if not told:
+        yield
+        return
+    _isa_told = True
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
+
+
+def _remember_isa() -> None:
+    """Keep inductor's answer of this process for later ones, once it has probed (not told)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    probed = inductor_config.cpp.vec_isa_ok is None and valid_vec_isa_list.cache_info().currsize > 0
+    if _isa_told or not probed:
+        return
+    record = {"machine": _isa_machine(), "valid": [str(isa) for isa in valid_vec_isa_list()]}
+    path = _store() / _ISA_RECORD
+    try:
+        if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(record)):
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except (OSError, ValueError):  # a read-only cache, or a record being replaced: probe next time
+        pass
+
+
 class Kernel:
     """``fn`` (contiguous tensors of one dtype and device with storage of their own in, no views and
     no tensor twice; a tuple of tensors out, none of them an input; no branches on values)
@@ -178,6 +260,7 @@ class Kernel:
             graph.fn = lambda inputs, fn=compiled: fn(*inputs)
         else:
             self._save(path, graph, inner)
+        _remember_isa()
         self._graphs.append(graph)
         self.num_compiles += 1
         return self._graphs[-1]
@@ -217,7 +300,9 @@ class Kernel:
             from torch._inductor.codecache import PyCodeCache
 
             kept = json.loads(path.read_text())
-            call = PyCodeCache.load_by_key_path(path.stem, str(path.with_suffix(".py"))).call
+            with _known_isa():  # the module builds (finds) its C++ kernels as it is imported
+                call = PyCodeCache.load_by_key_path(path.stem, str(path.with_suffix(".py"))).call
+            _remember_isa()
             graph = _Graph(call, [tuple(x) for x in kept["spec"]], [tuple(x) for x in kept["static"]],
                            args[0].dtype, args[0].device, tuple(kept["ndims"]))
             if not graph.accepts(args):
@@ -351,6 +436,7 @@ class Precompiled:
                        "torch.compile in each process instead")
             return None
         self.num_compiles += 1
+        _remember_isa()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fn.save_compiled_function(str(path))  # written to a temporary file, then renamed
@@ -364,8 +450,9 @@ class Precompiled:
         if not path.exists():
             return None
         try:
-            with path.open("rb") as f:
+            with path.open("rb") as f, _known_isa():
                 fn = torch.compiler.load_compiled_function(f)
+            _remember_isa()
             if not fn.guard_check(*args):
                 return None
             got = [t.detach() for t in _tensors(fn.fn(*args))]
