@@ -1,11 +1,10 @@
 COST_THREADS = [str(n) for n in config["cost"]["threads"]]
 
 
-# One job per torch thread count (cost.py's parts; the compile warm-up's first calls go with
-# the largest). Each reserves the most cores the stage measures with, as the single job did:
-# on a box of two cores a one-thread row measured beside another stage ran up to 1.75x slower
-# (and not by the same factor as the rows it is compared with), so the parts measure with the
-# box to themselves there and side by side only where there are cores to spare.
+# One job per torch thread count: it reserves that many cores, so the one-thread rows (the
+# speed-ups, the baselines, the discrete levels) run beside other one-thread jobs and only the
+# multi-thread rows hold the cores they measure. The compile warm-up's first calls are measured
+# by the job that reserves the most (cost.py: a first call has the box to itself).
 rule cost_part:
     input:
         library=LIBRARY,
@@ -21,7 +20,7 @@ rule cost_part:
         f"{RESULTS}/logs/cost_part_{{threads}}.log",
     benchmark:
         f"{RESULTS}/bench/cost_part_{{threads}}.tsv"
-    threads: max(config["cost"]["threads"])
+    threads: lambda wc: int(wc.threads)
     conda:
         "../../environment.yml"
     script:
