@@ -775,49 +775,6 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert [j.get("cache") for j in cpu[:len(first)]] == [c for _, c in first]
 
 
-def test_cost_parts_merge_into_the_table_of_one_process(tmp_path, monkeypatch):
-    """One part per torch thread count, merged, gives the rows (in the table's order), the
-    unavailable levels and the summary that one process measuring everything gives; each part's
-    wall time and load are kept, and a missing part is refused by name."""
-    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
-    import _common
-    import cost
-
-    def fake_child(spec, timeout_s, cache):  # a row that tells its job apart; L2-legacy does not build
-        if spec["name"] == "L2-legacy":
-            return {"error": "no build"}
-        t = 0.01 * spec["E"] * spec["threads"] * (2 if spec.get("slots") else 1)
-        out = {"forward_s": t, "backward_s": t, "peak_rss_mib": 100.0, "peak_cuda_mib": None, "slots": None}
-        if spec.get("cache") or spec["compile"]:
-            out.update(first_forward_s=1.0, first_backward_s=0.5, import_s=0.2)
-        return out
-
-    monkeypatch.setattr(cost, "measure_in_child", fake_child)
-    monkeypatch.setattr(cost.torch.cuda, "is_available", lambda: False)
-    params = yaml.safe_load((REPO / PROFILES["full"]).read_text())["cost"]
-
-    def stage_run(part, out):
-        stage = _common.Stage(f"cost_{part}", params, "test", 1, "cpu", None)
-        with stage:
-            cost.main(stage, params, out, part=part)
-        return json.loads(Path(out["json"]).read_text())
-
-    parts = [str(tmp_path / f"threads_{n}.json") for n in params["threads"]]
-    for n, path in zip(params["threads"], parts, strict=True):
-        stage_run(f"threads-{n}", {"json": path})
-    merged = stage_run("merge", {"json": str(tmp_path / "merged.json"), "parts": parts[::-1]})
-    whole = stage_run(None, {"json": str(tmp_path / "whole.json")})
-    for key in ("table", "speedups", "warmups", "targets", "large", "unavailable"):
-        assert merged[key] == whole[key], key
-    assert merged["unavailable"] == {"L2-legacy": "no build"}
-    assert [j["threads"] for j in merged["jobs"]] == sorted(params["threads"]) and whole["jobs"] is None
-    assert all(j["wall_s"] > 0 and len(j["load_avg_start"]) == 3 for j in merged["jobs"])
-    with pytest.raises(ValueError, match="parts: expected one per thread count"):
-        stage_run("merge", {"json": str(tmp_path / "m2.json"), "parts": parts[:1]})
-    with pytest.raises(ValueError, match="threads-3 is not in cost.threads"):
-        stage_run("threads-3", {"json": str(tmp_path / "t3.json")})
-
-
 CHILD = """
 import os, sys, time
 sys.path.insert(0, {diff!r})

@@ -140,17 +140,13 @@ def test_report_and_plots_render_locally(ci_dry_run):
     assert {j["rule"] for j in _jobs(ci_dry_run)} >= LOCAL_RULES
 
 
-def test_each_cost_part_reserves_its_thread_count(ci_dry_run):
-    """The cost stage runs one job per torch thread count it measures, each asking for that many CPUs."""
-    # The ci config holds what differs from config/config.yaml (Snakemake merges it over the default).
-    base, ci = (yaml.safe_load((REPO / path).read_text()).get("cost") or {}
-                for path in ("config/config.yaml", CI_CONFIG))
-    want = sorted({**base, **ci}.get("threads") or [1])
-    parts = [j for j in _jobs(ci_dry_run) if j["rule"] == "cost_part"]
-    if not parts:
-        pytest.skip("no cost_part rule in this workflow")
-    assert sorted(j["threads"] for j in parts) == want
-    assert all(int(j["resources"]["cpus_per_task"]) >= j["threads"] for j in parts), parts
+def test_cost_reserves_its_largest_thread_count(ci_dry_run):
+    cfg = yaml.safe_load((REPO / CI_CONFIG).read_text())
+    want = max((cfg.get("cost") or {}).get("threads") or [1])
+    cost = [j for j in _jobs(ci_dry_run) if j["rule"] == "cost"]
+    if not cost:
+        pytest.skip("no cost rule in this workflow")
+    assert int(cost[0]["resources"]["cpus_per_task"]) >= want
 
 
 def test_gpu_profile_is_the_base_profile_plus_gpus():

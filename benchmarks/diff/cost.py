@@ -26,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import torch
 from _common import REPO, draw_inputs, run
@@ -189,11 +188,8 @@ def _jobs(params: dict, device: str) -> list[dict]:
     warmup = params.get("warmup")
     jobs = []
     if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
-        # A first call is what a user waits for on a box of its own: the job that measures it
-        # reserves every core the stage measures with (inductor compiles in worker processes).
         jobs += [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
-                  "cache": cache, "reserve": max(threads)}
-                 for m in params["modes"] for cache in ("cold", "warm")]
+                  "cache": cache} for m in params["modes"] for cache in ("cold", "warm")]
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
              for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
     # Autograd through every op (L1D: every slot, the earlier version's design; QAD: the step's ops)
@@ -241,79 +237,28 @@ def _earlier_ratio(row: dict, earlier_s: dict) -> float | None:
     return None
 
 
-def main(stage, params: dict, out: dict, part: str | None = None) -> None:
-    """Wall time and memory of relaxed and discrete rollouts: one part per torch thread count
-    (``threads-<n>``: the rows measured with n threads, the CUDA rows with the one-thread part,
-    the compile warm-up with the largest), each a job of its own that reserves n cores, then
-    ``merge``; or all in one process."""
-    common = _common_spec(params)
+def main(stage, params: dict, out: dict) -> None:
+    """Wall time and memory of relaxed and discrete rollouts."""
+    common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
+              "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
+              "seed": params["seed"]}
     devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
-    if part is not None and part.startswith("threads-"):
-        n = int(part.split("-", 1)[1])
-        if n not in params["threads"]:
-            raise ValueError(f"part: threads-{n} is not in cost.threads {params['threads']}")
-        rows, unavailable = _measure(params, common, devices, lambda job: _reserve(job) == n)
-        stage.write_json(out["json"], {"threads": n, "devices": devices, "rows": rows,
-                                       "unavailable": unavailable})
-        return
-    if part not in (None, "merge"):
-        raise ValueError(f"part: expected threads-<n> or merge, got {part!r}")
-    if "parts" in out:
-        parts = [json.loads(Path(path).read_text()) for path in out["parts"]]
-        if sorted(p["threads"] for p in parts) != sorted(params["threads"]):
-            raise ValueError(f"parts: expected one per thread count {params['threads']}, got "
-                             f"{[p['threads'] for p in parts]}")
-        devices = parts[0]["devices"]
-        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["order"])
-        unavailable = {k: v for p in parts for k, v in p["unavailable"].items()}
-        jobs = [{"threads": p["threads"], **{k: p["provenance"][k] for k in PART_PROVENANCE}}
-                for p in sorted(parts, key=lambda p: p["threads"])]
-    else:
-        rows, unavailable = _measure(params, common, devices, lambda job: True)
-        jobs = None  # one process: the stage's own provenance says it
-    for r in rows:
-        r.pop("order")
-    _summarise(stage, params, common, devices, rows, unavailable, out, jobs)
-
-
-# What the merged table keeps of each part's provenance: the conditions its rows were measured in.
-PART_PROVENANCE = ("wall_s", "load_avg_start", "load_avg_end", "started_utc", "git_commit", "git_dirty")
-
-
-def _reserve(job: dict) -> int:
-    """The cores the job that measures ``job`` reserves: its torch threads, or more (``reserve``)."""
-    return job.get("reserve", job["threads"])
-
-
-def _common_spec(params: dict) -> dict:
-    """What every measurement of the stage shares."""
-    return {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
-            "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
-            "seed": params["seed"]}
-
-
-def _measure(params: dict, common: dict, devices: list, keep) -> tuple[list, dict]:
-    """The rows of the jobs ``keep(job)`` selects, each with its place (``order``) in the table."""
     jobs = [j for dev in devices for j in _jobs(params, dev)]
     rows, unavailable = [], {}
     caches = {m: tempfile.mkdtemp(prefix=f"isaac_cost_inductor_{m}_") for m in params["modes"]}
     try:
-        chosen = [(i, job) for i, job in enumerate(jobs) if keep(job)]
-        for i, job in tqdm(chosen, desc="cost", mininterval=2.0):
+        for job in tqdm(jobs, desc="cost", mininterval=2.0):
             if job["name"] in unavailable and job["kind"] == "discrete":
                 continue
-            row = _measure_job(job, common, params, caches, unavailable)
-            if row is not None:
-                rows.append({**row, "order": i})
+            _measure_job(job, common, params, caches, rows, unavailable)
     finally:
         for d in caches.values():
             shutil.rmtree(d, ignore_errors=True)
-    return rows, unavailable
+    _summarise(stage, params, common, devices, rows, unavailable, out)
 
 
-def _measure_job(job: dict, common: dict, params: dict, caches: dict, unavailable: dict) -> dict | None:
-    """One row of the table from a child process, or None for a discrete level that fails (marked
-    unavailable)."""
+def _measure_job(job: dict, common: dict, params: dict, caches: dict, rows: list, unavailable: dict) -> None:
+    """One row of the table from a child process (a discrete level that fails is marked unavailable)."""
     spec = {**common, **job}
     r = measure_in_child(spec, params["timeout_s"], caches.get(job["name"]))
     model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
@@ -322,16 +267,15 @@ def _measure_job(job: dict, common: dict, params: dict, caches: dict, unavailabl
         print(f"[cost] {model} {where}: {r['error']}", flush=True)
         if job["kind"] == "discrete" and not r["error"].startswith("timed out"):
             unavailable[job["name"]] = r["error"]
-            return None
-    return {"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
-            "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
-            **r, "available": "error" not in r}
+            return
+    rows.append({"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
+                 "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
+                 **r, "available": "error" not in r})
 
 
 def _summarise(stage, params: dict, common: dict, devices: list, rows: list, unavailable: dict,
-               out: dict, jobs: list | None = None) -> None:
-    """The speed-ups, the compile warm-up, the targets and the summary, written with the table
-    (and, merged from parts, each part's thread count, wall time and load: ``jobs``)."""
+               out: dict) -> None:
+    """The speed-ups, the compile warm-up, the targets and the summary, written with the table."""
     from isaac_net.core import CellConfig
 
     for r in rows:
@@ -386,8 +330,7 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
     }
     stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
                                    "warmups": warmups, "targets": targets,
-                                   "large": large[0] if large else None, "unavailable": unavailable,
-                                   "jobs": jobs})
+                                   "large": large[0] if large else None, "unavailable": unavailable})
 
 
 if __name__ == "__main__":
