@@ -664,6 +664,7 @@ def test_the_store_keeps_inductors_answer_on_the_cpus_vector_instructions(tmp_pa
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     monkeypatch.setattr(_kernels, "_isa_told", False)
+    monkeypatch.setattr(_kernels, "_isa_kept", False)
     valid = [str(isa) for isa in valid_vec_isa_list()]  # this process's own probe
     _kernels._remember_isa()
     record = json.loads((tmp_path / "vec_isa.json").read_text())

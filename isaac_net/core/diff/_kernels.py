@@ -143,6 +143,7 @@ def _isa_candidates() -> list[str]:
 
 
 _isa_told = False  # whether this process told inductor the kept answer instead of probing
+_isa_kept = False  # whether this process's own answer is in the store
 
 
 @contextlib.contextmanager
@@ -174,20 +175,29 @@ def _remember_isa() -> None:
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+    global _isa_kept
     probed = inductor_config.cpp.vec_isa_ok is None and valid_vec_isa_list.cache_info().currsize > 0
-    if _isa_told or not probed:
+    if _isa_told or _isa_kept or not probed:  # one record a process: every load and compile calls this
         return
     record = {"machine": _isa_machine(), "valid": [str(isa) for isa in valid_vec_isa_list()]}
     path = _store() / _ISA_RECORD
     try:
         if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(record)):
+            _isa_kept = True
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        _write_atomic(path, json.dumps(record))
     except (OSError, ValueError):  # a read-only cache, or a record being replaced: probe next time
-        pass
+        return
+    _isa_kept = True
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a concurrent reader sees
+    the old file or the new one, never a part."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class Kernel:
@@ -284,9 +294,7 @@ class Kernel:
             path.parent.mkdir(parents=True, exist_ok=True)
             for target, text in ((path.with_suffix(".py"), inner.source_code),
                                  (path, json.dumps(graph.to_json()))):
-                tmp = target.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(text)
-                os.replace(tmp, target)  # atomic: a concurrent reader sees the old file or the new one
+                _write_atomic(target, text)
         except OSError as e:  # a read-only cache: compile each process, as torch would
             warnings.warn(f"Kernel({self.fn.__name__}): could not keep the compiled kernel ({e})",
                           stacklevel=3)
