@@ -652,6 +652,39 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     assert (third.num_compiles, third.num_loads) == (1, 0)
 
 
+@pytest.mark.slow
+def test_the_slot_kernels_compile_in_another_process_while_the_step_compiles(tmp_path, monkeypatch):
+    """Before a cold compile of L1D's step its slot kernels are compiled in a background process
+    into the same store; the first slot loop waits for it and loads them (nothing compiled here),
+    with the outputs and gradients of the eager node."""
+    from isaac_net.core.diff import _kernels, _l1_loop
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the background process's store too
+    fresh = {name: _kernels.Kernel(getattr(_l1_loop, name).fn) for name in ("SLOT_FORWARD", "SLOT_ADJOINT")}
+    for name, kernel in fresh.items():  # as in a new process: nothing compiled in memory
+        monkeypatch.setattr(_l1_loop, name, kernel)
+    E, R, A, K, tau = 5, 3, COMPILE_CFG.timeout_steps, 4, 0.07
+    g = torch.Generator().manual_seed(11)
+    _l1_loop.slot_kernels_in_background(torch.zeros(E, R, A, dtype=F64), 0, K, True)
+    assert len(_kernels._BACKGROUND) == 1
+    w = torch.rand(E, R, A, generator=g, dtype=F64).requires_grad_()
+    log_cum = torch.log(1e3 + 3e4 * torch.rand(E, R, A, generator=g, dtype=F64)) / tau
+    snr = 10 ** (3 * torch.rand(E, R, generator=g, dtype=F64))
+    c0 = torch.zeros(E, R, A, dtype=F64)
+    consts = (12.0, 5.5, 90.0)
+    flip = _l1_loop._flip_dims
+    tau_t, consts_t = torch.tensor(tau, dtype=F64), torch.tensor(consts, dtype=F64)
+    args = (flip(w), flip(log_cum), flip(snr), flip(c0), tau_t, consts_t, K)
+    served, tx, _, _ = _l1_loop.compiled_slot_loop(*args)
+    assert not _kernels._BACKGROUND  # waited for
+    eager = _l1_loop.L1SlotLoop.apply(w, log_cum, snr, c0, tau, K, *consts, False, None, None)
+    torch.testing.assert_close(flip(served), eager[0], rtol=1e-12, atol=1e-9)
+    (gw,) = torch.autograd.grad((flip(served) * flip(tx)).sum(), w)
+    (gw_eager,) = torch.autograd.grad((eager[0] * eager[1]).sum(), w)
+    torch.testing.assert_close(gw, gw_eager, rtol=1e-10, atol=1e-12)
+    assert [(k.num_compiles, k.num_loads) for k in fresh.values()] == [(0, 1), (0, 1)]
+
+
 def test_the_store_keeps_inductors_answer_on_the_cpus_vector_instructions(tmp_path, monkeypatch):
     """Inductor probes which vector instructions it can build for once per process (a compile and a
     new Python process per candidate); the store keeps its answer for this machine, and a later

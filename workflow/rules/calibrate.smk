@@ -22,6 +22,7 @@ rule calibrate_targets:
     benchmark:
         f"{RESULTS}/bench/calibrate_targets_{{set}}.tsv"
     threads: config["threads"]
+    priority: PRIORITY["calibrate"]
     conda:
         "../../environment.yml"
     script:
@@ -46,6 +47,7 @@ rule calibrate_fit:
     benchmark:
         f"{RESULTS}/bench/calibrate_fit_{{model}}.tsv"
     threads: config["threads"]
+    priority: PRIORITY["calibrate"]
     conda:
         "../../environment.yml"
     script:
@@ -69,6 +71,7 @@ rule calibrate:
     benchmark:
         bench_path("calibrate")
     threads: 1
+    priority: PRIORITY["calibrate"]
     conda:
         "../../environment.yml"
     script:

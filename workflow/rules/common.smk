@@ -89,6 +89,14 @@ PENDING_COMMANDS = {
 }
 
 
+# Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
+# The longest one-core chain first: the calibration and the neural proxy, which opt_rates (the
+# longest single job) reads, then the other studies; the cost stage, which reserves every core it
+# sweeps, last: on 2 cores it then runs alone (its timings undisturbed) instead of holding back
+# the studies while the one-core jobs wait for a second free core.
+PRIORITY = {"calibrate": 100, "nn_proxy": 100, "opt_rates": 90, "placement": 80, "sensitivity": 70,
+            "checks": 10, "cost": 0}
+
 def stage_params(name, drop=()):
     """The params of a stage's rule, passed to its script. The stage's config less the parts named in
     ``drop`` (another rule's), so that a changed value reruns this stage and only this one."""

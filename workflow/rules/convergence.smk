@@ -12,6 +12,7 @@ rule convergence_table:
     benchmark:
         bench_path("convergence_table")
     threads: config["threads"]
+    priority: PRIORITY["checks"]
     conda:
         "../../environment.yml"
     script:
@@ -33,6 +34,7 @@ rule convergence_curves:
     benchmark:
         bench_path("convergence_curves")
     threads: config["threads"]
+    priority: PRIORITY["checks"]
     conda:
         "../../environment.yml"
     script:

@@ -12,6 +12,7 @@ rule cost:
         bench_path("cost")
     # The stage sweeps torch threads itself; reserve the most it uses.
     threads: max(config["cost"]["threads"])
+    priority: PRIORITY["cost"]
     conda:
         "../../environment.yml"
     script:

@@ -11,6 +11,7 @@ rule equivalence:
     benchmark:
         bench_path("equivalence")
     threads: config["threads"]
+    priority: PRIORITY["checks"]
     conda:
         "../../environment.yml"
     script:

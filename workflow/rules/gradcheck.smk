@@ -12,6 +12,7 @@ rule gradcheck:
     benchmark:
         bench_path("gradcheck")
     threads: config["threads"]
+    priority: PRIORITY["checks"]
     conda:
         "../../environment.yml"
     script:
@@ -33,6 +34,7 @@ rule fd_check:
     benchmark:
         bench_path("fd_check")
     threads: config["threads"]
+    priority: PRIORITY["checks"]
     conda:
         "../../environment.yml"
     script:

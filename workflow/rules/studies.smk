@@ -22,6 +22,7 @@ rule sensitivity_op:
     benchmark:
         f"{RESULTS}/bench/sensitivity_op_{{op}}.tsv"
     threads: config["threads"]
+    priority: PRIORITY["sensitivity"]
     conda:
         "../../environment.yml"
     script:
@@ -45,6 +46,7 @@ rule sensitivity:
     benchmark:
         bench_path("sensitivity")
     threads: config["threads"]
+    priority: PRIORITY["sensitivity"]
     conda:
         "../../environment.yml"
     script:
@@ -68,6 +70,7 @@ rule opt_rates:
     benchmark:
         bench_path("opt_rates")
     threads: config["threads"]
+    priority: PRIORITY["opt_rates"]
     conda:
         "../../environment.yml"
     script:
@@ -91,6 +94,7 @@ rule placement:
     benchmark:
         bench_path("placement")
     threads: config["threads"]
+    priority: PRIORITY["placement"]
     conda:
         "../../environment.yml"
     script:
@@ -112,6 +116,7 @@ rule nn_proxy:
     benchmark:
         bench_path("nn_proxy")
     threads: config["threads"]
+    priority: PRIORITY["nn_proxy"]
     conda:
         "../../environment.yml"
     script:

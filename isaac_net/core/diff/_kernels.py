@@ -18,10 +18,16 @@ again (dynamo and AOT tracing of the two slot kernels were most of a warm first 
 loaded kernel is checked once against the function run eagerly, and one that does not match,
 load or parse is compiled as if nothing were kept. :class:`Precompiled` does the same for a
 whole function with autograd (the compiled step), through dynamo's ``aot_compile``.
+
+A cold compile can also use a core the process does not: :func:`compile_in_background` runs a
+module's kernel compiles in a new Python process while this one compiles something else (L1D's
+slot kernels while it compiles the step), and a :class:`Kernel` that would compile waits for such
+processes first, then loads what they kept.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -30,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -200,6 +207,51 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+_BACKGROUND: list = []  # compile_in_background's processes this process has not waited for yet
+
+
+_RUN_TARGET = "import importlib, json, sys; m, f = sys.argv[1].split(':'); " \
+              "getattr(importlib.import_module(m), f)(json.loads(sys.argv[2]))"
+
+
+def compile_in_background(target: str, spec: dict) -> None:
+    """Call ``target`` (``"module:function"``) with ``spec`` (JSON-able; the torch thread count
+    added as ``threads``) in a new Python process that compiles kernels into this process's store
+    (the same ``TORCHINDUCTOR_CACHE_DIR`` and library) while this one goes on; the next
+    :class:`Kernel` compile here waits for it, then loads what it kept. A process that fails or
+    keeps nothing costs only its core: the kernel is compiled here then."""
+    root = str(Path(__file__).resolve().parents[3])  # the directory that holds the package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    spec = {**spec, "threads": torch.get_num_threads()}  # inductor writes its loops for the thread count
+    try:
+        _BACKGROUND.append(subprocess.Popen([sys.executable, "-c", _RUN_TARGET, target, json.dumps(spec)],
+                                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+    except OSError:  # no new process here: compile in this one, as without
+        return
+
+
+def _join_background(timeout_s: float = 900.0) -> None:
+    """Wait for the background compiles started by this process (one that outlives ``timeout_s``
+    is stopped: its kernels are compiled here instead)."""
+    while _BACKGROUND:
+        proc = _BACKGROUND.pop()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@atexit.register
+def _stop_background() -> None:
+    """At exit, stop background compiles nobody waits for (nothing of theirs is used then)."""
+    while _BACKGROUND:
+        proc = _BACKGROUND.pop()
+        proc.kill()
+        proc.wait()
+
+
 class Kernel:
     """``fn`` (contiguous tensors of one dtype and device with storage of their own in, no views and
     no tensor twice; a tuple of tensors out, none of them an input; no branches on values)
@@ -241,6 +293,7 @@ class Kernel:
         if any(t._base is not None for t in args) or len({t.data_ptr() for t in args}) < len(args):
             raise ValueError(f"Kernel({self.fn.__name__}): expected tensors with storage of their own "
                              "(no views, no argument twice)")
+        _join_background()  # a background compile may be keeping this very kernel
         path = self._path(args)
         graph = self._load(path, args)
         if graph is not None:
@@ -367,14 +420,18 @@ class Precompiled:
     its graphs from inductor's cache another second) becomes a load of one file. A loaded function
     is checked once against ``fn`` run eagerly.
 
+    ``before_compile(args)``, when given, is called just before ``fn`` is compiled (not when it is
+    loaded): where to start the compiles of what ``fn`` calls on another core.
+
     ``torch.compile(fn)`` serves what the store cannot: arguments a kept function's guards refuse,
     a compile that fails (``aot_compile`` is experimental in torch; warned once). ``num_compiles``
     and ``num_loads`` count the functions compiled and loaded, ``num_fallbacks`` the patterns of
     arguments sent to ``torch.compile``.
     """
 
-    def __init__(self, fn, *, tag: tuple = (), dim: int = 0):
+    def __init__(self, fn, *, tag: tuple = (), dim: int = 0, before_compile=None):
         self.fn, self.tag, self.dim = fn, tuple(tag), int(dim)
+        self.before_compile = before_compile  # called with the arguments when fn must be compiled
         self._fns: dict = {}  # pattern of arguments -> the compiled function, or None: torch.compile's
         self._dynamo = None
         self.num_compiles = self.num_loads = self.num_fallbacks = 0
@@ -423,6 +480,8 @@ class Precompiled:
         if fn is not None:
             self.num_loads += 1
             return fn
+        if self.before_compile is not None:
+            self.before_compile(args)
         self._mark_dynamic(args)
         fn = None
         for _attempt in range(3):

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from isaac_net.core.diff._kernels import Kernel
+from isaac_net.core.diff._kernels import Kernel, compile_in_background
 from isaac_net.core.diff.relax import _log_pos, _tiny, smax1_vjp, smin1_vjp
 
 LN2 = math.log(2.0)
@@ -334,6 +334,46 @@ def _compiled_backward(ctx, g_served, g_tx, g_csum, _g_history):
     grads = (gw, glc, gsnr, gc0, None, None, None, ggate if ctx.gated else None,
              gs0 if ctx.has_served0 else None)
     return grads[:len(ctx.needs_input_grad)]
+
+
+def slot_kernels_in_background(x: torch.Tensor, L: int, K: int, backward: bool) -> None:
+    """Start compiling the slot kernels a compiled step will call (``x``: the step's ``[E, R, A]``
+    state; ``L``, ``K``: its latency floor and slots; ``backward``: the adjoints too) in another
+    process, unless this one has them already: a cold step compile then takes as long as the
+    step's own graphs, not those and the slot kernels one after the other (their compiles took
+    about a fifth of a cold first call of L1D on one core)."""
+    gates = [True] * (L > 0) + [False] * (L < K)  # gated in the floor's first L slots, plain after
+    kernels = [(SLOT_FORWARD_GATED, SLOT_ADJOINT_GATED) if g else (SLOT_FORWARD, SLOT_ADJOINT) for g in gates]
+    if all(k._graphs for pair in kernels for k in pair[:1 + backward]):
+        return
+    E, R, A = x.shape
+    compile_in_background(f"{__name__}:_compile_slot_kernels",
+                          {"E": E, "R": R, "A": A, "dtype": str(x.dtype).removeprefix("torch."),
+                           "device": str(x.device), "gates": gates, "backward": backward})
+
+
+def _compile_slot_kernels(spec: dict) -> None:
+    """A background process's work (:func:`slot_kernels_in_background`): run the compiled slot
+    loop (and its backward) on inputs of the step's shapes, which compiles and keeps its kernels."""
+    torch.set_num_threads(spec["threads"])
+    dtype, device = getattr(torch, spec["dtype"]), torch.device(spec["device"])
+    A, R, E = spec["A"], spec["R"], spec["E"]
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(shape, generator=g, dtype=dtype, device=device)
+
+    tau = torch.tensor(0.05, dtype=dtype, device=device)
+    consts = torch.tensor((12.0, 5.5, 90.0), dtype=dtype, device=device)
+    w, log_cum, snr = rand(A, R, E), torch.log(1e3 + 3e4 * rand(A, R, E)) / tau, 10 ** (3 * rand(R, E))
+    c0 = torch.zeros(A, R, E, dtype=dtype, device=device)
+    with torch.no_grad():
+        for gated in spec["gates"]:
+            gate = rand(R, E) if gated else None
+            served, _, _, history = compiled_slot_loop(w, log_cum, snr, c0, tau, consts, 2, gate)
+            if spec["backward"]:
+                compiled_slot_loop_backward(w, log_cum, snr, c0, history, served, rand(R, E), rand(R, E),
+                                            rand(A, R, E), tau, consts, gate)
 
 
 def slot_loop(w, log_cum, snr_lin, c0, K: int, *, tau, consts: tuple, keep_tape: bool = False, gate=None,

@@ -294,8 +294,15 @@ def _compiled_step(mode: str, slots: str) -> Precompiled:
     loaded by a later process without tracing (:class:`~._kernels.Precompiled`)."""
     key = (mode, slots)
     if key not in _COMPILED_STEPS:
-        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slots), tag=key, dim=0)
+        before = _slot_kernels_in_background if mode == "L1" and slots != "autograd" else None
+        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slots), tag=key, dim=0, before_compile=before)
     return _COMPILED_STEPS[key]
+
+
+def _slot_kernels_in_background(args: tuple) -> None:
+    """Before a cold compile of L1D's step: its slot kernels compiled in another process meanwhile."""
+    x, cfg = args[0], args[-1]
+    _l1_loop.slot_kernels_in_background(x, cfg.l1_sr_slots, cfg.num_slots, torch.is_grad_enabled())
 
 
 def _step_of(mode: str, slots: str):
