@@ -104,6 +104,7 @@ class Stage:
         torch.set_num_threads(self.threads)
         self.load_start = list(os.getloadavg())
         self.started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self.started_unix = time.time()  # the page spans the run from the stages' starts and wall times
         self.t0 = time.perf_counter()
         print(f"[{self.name}] profile={self.profile} threads={self.threads} device={self.device}", flush=True)
         return self
@@ -140,6 +141,7 @@ class Stage:
             "cpu_count": os.cpu_count(),
             "hostname": platform.node(),
             "started_utc": self.started_utc,
+            "started_unix": self.started_unix,
             "load_avg_start": self.load_start,
             "load_avg_end": list(os.getloadavg()),
             "wall_s": time.perf_counter() - self.t0,
