@@ -431,6 +431,31 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "convergence.summary.L1_discrete_delay" in keys and "cost.table[0].forward_s" in keys
 
 
+def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):
+    """'This run': first start to last end from the provenance, the stages' core-minutes, and the
+    verdict against the cost stage's run_target_s: met, not met for want of cores, not one run."""
+    arts = copy.deepcopy(fixture_artifacts())
+    assert "Not measured" in section(build_page(tmp_path / "none", arts), "## This run")
+    for i, name in enumerate(sorted(arts)):  # stage i starts at 60 i s and runs 12.5 s, one thread
+        arts[name]["provenance"] |= {"started_unix": 1.7e9 + 60.0 * i, "cpu_count": 2}
+    last = 60.0 * (len(arts) - 1) + 12.5
+    arts["cost"]["provenance"]["config"]["run_target_s"] = last + 60.0
+    run = section(build_page(tmp_path / "met", arts), "## This run")
+    assert f"in {last / 60:.3g} min, on a machine of 2 cores" in run
+    assert f"add up to {12.5 * len(arts) / 60:.3g} core-minutes" in run
+    assert "come from one commit, `0123456789ab`" in run
+    assert run.rstrip().endswith("min: met.")
+    arts["cost"]["provenance"]["config"]["run_target_s"] = last - 1.0  # the work fits 2 cores, the span not
+    assert "**not met**: the work fits 2 cores in that time, the schedule did not" in section(
+        build_page(tmp_path / "idle", arts), "## This run")
+    arts["cost"]["provenance"]["config"]["run_target_s"] = 1.0  # less than the work over 2 cores
+    assert "**not met**: the stages' work alone is more than 2 cores" in section(
+        build_page(tmp_path / "short", arts), "## This run")
+    arts["cost"]["provenance"]["git_commit"] = "f" * 40
+    run = section(build_page(tmp_path / "two", arts), "## This run")
+    assert "more than one commit" in run and "**not met** (not one run)" in run
+
+
 def test_absent_artifacts_render_as_pending_with_their_command(tmp_path):
     arts = fixture_artifacts()
     del arts["cost"], arts["sensitivity"], arts["opt_rates"], arts["calibration"]
