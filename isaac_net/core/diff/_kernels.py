@@ -246,10 +246,7 @@ def _join_background(timeout_s: float = 900.0) -> None:
 @atexit.register
 def _stop_background() -> None:
     """At exit, stop background compiles nobody waits for (nothing of theirs is used then)."""
-    while _BACKGROUND:
-        proc = _BACKGROUND.pop()
-        proc.kill()
-        proc.wait()
+    _join_background(timeout_s=0.0)
 
 
 class Kernel:
