@@ -228,12 +228,15 @@ class L2State:
 
     def aged(self) -> "L2State":
         """Every message one step older: index ``j`` moves to ``j - 1``; the newest index is empty."""
-        return self._per_message(lambda x: torch.cat([x[..., 1:], torch.zeros_like(x[..., :1])], -1))
+        return self._per_message(lambda x: torch.nn.functional.pad(x[..., 1:], (0, 1)))
 
     def forget(self, is_gone: torch.Tensor) -> "L2State":
         """The per-message fields cleared where ``is_gone`` (``[E, R, A]``): a message gone from the
         queue (delivered, timed out, lost) leaves nothing behind."""
-        return self._per_message(lambda x: x.masked_fill(is_gone, 0))
+        # A product with the 0/1 mask: the values of masked_fill (the fields are finite and >= 0, or
+        # integers) at a fraction of its cost on the CPU.
+        keep = {}
+        return self._per_message(lambda x: x * keep.setdefault(x.dtype, (~is_gone).to(x.dtype)))
 
     def _per_message(self, fn) -> "L2State":
         fields = [f.name for f in dataclasses.fields(self) if f.metadata["per_message"]]
@@ -300,19 +303,22 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
     A new TB takes the oldest ``unsched`` bytes (``[E, R, A]``) up to the grant's size; the SINR
     of its ``n`` subbands is ``rx_now / n`` (``[E, R, S]``, full power in one subband), combined
     with the earlier transmissions of the TB; NACK iff ``bler_c ln(acc) + bler_b[mcs] < nack_below``
-    (``[E, R]``; ``u < BLER`` in logit form).
+    (``[E, R]``; ``u < BLER`` in logit form). As the level keeps them, a robot with a retransmission
+    due has no grant (its known buffer is 0 when the gNB grants) and an idle process no subbands.
     """
     is_retx = hq.active.clone()  # the caller overwrites the process
     cum = unsched.cumsum(-1)
-    take = torch.minimum((gr.tbs.unsqueeze(-1) - cum + unsched).clamp_(min=0), unsched)  # FIFO
+    take = (gr.tbs.unsqueeze(-1) - cum).add_(unsched).clamp_(min=0)
+    take = torch.minimum(take, unsched, out=take)  # FIFO
     tb_bytes = take.sum(-1)
     is_new = tb_bytes > 0
     is_tx = is_retx | is_new
-    sb = torch.where(is_retx.unsqueeze(-1), hq.sb, gr.sb)
-    n_sb = torch.count_nonzero(sb, -1).clamp_(min=1).to(rx_now.dtype)
+    sb = hq.sb | gr.sb  # either the retransmission's subbands or the grant's (see above)
+    n_sb = mech.count_true(sb, -1).clamp_(min=1).to(rx_now.dtype)
     acc = hq.acc + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
     mcs = torch.where(is_retx, hq.mcs, gr.mcs)
-    nack = ((bler_c * torch.log(acc) + torch.take(bler_b, mcs)) < nack_below) & is_tx
+    # The log of a robot that sends nothing (acc 0, slow to take) is not used: log(1) in its place.
+    nack = ((bler_c * torch.log(torch.where(is_tx, acc, 1.0)) + torch.take(bler_b, mcs)) < nack_below) & is_tx
     ntx = hq.ntx + 1
     return Tx(is_retx=is_retx, is_new=is_new, is_tx=is_tx, take=take, tb_bytes=tb_bytes,
               sendable=cum[..., -1], sb=sb, acc=acc, mcs=mcs, nack=nack, ntx=ntx,
@@ -324,12 +330,14 @@ def deliver(bytes_: torch.Tensor, finish_slot: torch.Tensor, tx: Tx,
     """ACK: the TB's bytes leave the queue; a message is delivered in slot ``k`` with its last byte.
 
     :input bytes_: ``[E, R, A]`` unacked bytes (+inf: can no longer complete).
-    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet).
+    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place.
     """
     ack = tx.is_tx ^ tx.nack
-    bytes_ = bytes_ - torch.where(ack.unsqueeze(-1), tx.content, 0.0)
+    # TB contents are finite and >= 0: a product with the 0/1 mask is torch.where(ack, content, 0).
+    bytes_ = bytes_ - tx.content * ack.unsqueeze(-1)
     is_done = bytes_ <= 0
-    return bytes_.masked_fill(is_done, math.inf), finish_slot.masked_fill(is_done, k)
+    # A message is done once (its bytes are +inf after): -1 + (k + 1) sets its slot, cheaper than masked_fill.
+    return bytes_.masked_fill_(is_done, math.inf), finish_slot.add_(is_done, alpha=k + 1)
 
 
 def rlc_failure(tx: Tx, first: torch.Tensor, usable: torch.Tensor, round_slot: torch.Tensor,
@@ -350,9 +358,11 @@ def rlc_failure(tx: Tx, first: torch.Tensor, usable: torch.Tensor, round_slot: t
 def harq_next(tx: Tx, first: torch.Tensor) -> Harq:
     """The process after the slot: a NACKed TB short of its last transmission waits for the RTT."""
     keep = tx.nack ^ tx.fail
-    return Harq(active=keep, content=torch.where(keep.unsqueeze(-1), tx.content, 0.0),
-                sb=tx.sb & keep.unsqueeze(-1), mcs=tx.mcs, acc=torch.where(keep, tx.acc, 0.0),
-                ntx=torch.where(keep, tx.ntx, 0), first=first)
+    # Products with the 0/1 mask in place of torch.where(keep, x, 0) and sb & keep: the same values
+    # (contents and SINRs are finite and >= 0) at a fraction of the cost on the CPU.
+    return Harq(active=keep, content=tx.content * keep.unsqueeze(-1),
+                sb=(tx.sb.view(torch.uint8) * keep.view(torch.uint8).unsqueeze(-1)).view(torch.bool),
+                mcs=tx.mcs, acc=tx.acc * keep, ntx=tx.ntx * keep, first=first)
 
 
 def buffer_report(known: torch.Tensor, outstanding: torch.Tensor, tbs: torch.Tensor,
@@ -385,6 +395,11 @@ class Estimate(typing.NamedTuple):
     order: torch.Tensor  # [E, R, S] subbands by decreasing se (PF ranks them the same way)
     cap: torch.Tensor  # [E, R, S] TB capacity with 1..S subbands, bytes
     max_sb: torch.Tensor  # [E, R] long, the power-headroom limit on the subbands
+    # The same with the envs last, for the allocation (l2_mechanisms.pf_allocate_envs_last).
+    se_t: torch.Tensor  # [R, S, E]
+    pf_order: mech.PfOrder  # [R, S, E] each
+    cap_t: torch.Tensor  # [R, S + 1, E] with 0..S subbands (cap(0) = 0: a non-empty buffer needs 1 or more)
+    max_sb_t: torch.Tensor  # [R, E] long
 
 
 def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: torch.Tensor, hq_then: Harq,
@@ -396,13 +411,21 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
 
     :output: ``(grant, need, metric)``, ``need`` ``[E, R]`` long, ``metric`` ``[E, R, S]``.
     """
-    need = mech.subbands_needed(torch.where(hq_then.active, 0.0, known), est.cap, est.max_sb)
-    metric = est.se / avg_thr.clamp(min=1e-3).unsqueeze(-1)
-    alloc = mech.pf_allocate(metric, need, ~hq_then.sb.any(1), pf_rounds, est.order, stop_early=stop_early)
-    n_alloc = torch.count_nonzero(alloc, -1).to(known.dtype)
+    # mech.subbands_needed and mech.pf_allocate with the envs last (the same integers and floats).
+    # (Transposed [E, R] operands made contiguous first: a strided operand costs more at large E.)
+    known_t = known.masked_fill(hq_then.active, 0.0).t().contiguous()  # [R, E]
+    # The capacities with 0..S subbands below the buffer: the fewest that cover it (0 for an empty buffer).
+    need_t = torch.minimum(mech.count_true(est.cap_t < known_t.unsqueeze(1), 1), est.max_sb_t)
+    metric_t = est.se_t / avg_thr.clamp(min=1e-3).t().contiguous().unsqueeze(1)
+    is_free_t = mech.to_envs_last(hq_then.sb).view(torch.uint8).amax(0) == 0  # [S, E]
+    alloc_t = mech.pf_allocate_envs_last(metric_t, need_t, is_free_t, pf_rounds, est.pf_order,
+                                         stop_early=stop_early)
+    alloc = mech.to_envs_first(alloc_t)
+    n_alloc = mech.count_true(alloc_t, 1).t().to(known.dtype, memory_format=torch.contiguous_format)
     eff_est = mech.effective_sinr_lin(est.x / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
     mcs = mech.select_mcs(10.0 * torch.log10(eff_est.clamp(min=1e-30)), olla_db, sel_db)
-    return Grant(sb=alloc, mcs=mcs, tbs=torch.floor(n_alloc * torch.take(tbs_per_sb, mcs))), need, metric
+    return (Grant(sb=alloc, mcs=mcs, tbs=torch.floor(n_alloc * torch.take(tbs_per_sb, mcs))), need_t.t(),
+            metric_t.permute(2, 0, 1))
 
 
 class NetL2Legacy(DiscreteLevel):
@@ -512,7 +535,10 @@ class NetL2Legacy(DiscreteLevel):
         order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
         cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
                                                 self._gap_lin, self._min_sinr_lin, self.cfg.num_subbands)
-        return Estimate(x_est, se_est, order, cap, max_sb)
+        cap_t = mech.to_envs_last(cap)
+        cap_t = torch.cat([torch.zeros_like(cap_t[:, :1]), cap_t], 1)
+        return Estimate(x_est, se_est, order, cap, max_sb, mech.to_envs_last(se_est), mech.PfOrder.of(order),
+                        cap_t, max_sb.t().contiguous())
 
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
@@ -541,8 +567,16 @@ class NetL2Legacy(DiscreteLevel):
         no_msgs = torch.zeros(E, R, A, dtype=torch.bool, device=dev)
         no_robots = torch.zeros(E, R, dtype=torch.bool, device=dev)
         log = {k: [] for k in ("new", "nack", "retx", "fail", "round", "lost", "sr")}
+        # The RLC ring's slots that may hold bytes (on the CPU the others are skipped: adding 0 is a no-op).
+        is_held = [True] * D
+        if host:
+            flat = held.reshape(D, -1)
+            is_held = ((flat.amax(1) != 0) | (flat.amin(1) != 0)).tolist()
         is_tx_by_slot = []
         b_now = b_est = None
+        # Views of every HARQ process and grant slot, written in place (cheaper than indexing per slot).
+        harqs = [st.harq(p) for p in range(P)]
+        grants = [st.grant(u) for u in range(K2)]
 
         for k in range(K):
             s = t * K + k
@@ -557,12 +591,14 @@ class NetL2Legacy(DiscreteLevel):
                 est = self._estimate(snr3 * gains[b_est % H])
 
             # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
-            unsched = unsched + torch.where(usable, held[s % D], zero)
-            held[s % D] = 0
+            if is_held[s % D]:
+                unsched = unsched + torch.where(usable, held[s % D], zero)
+                held[s % D] = 0
+                is_held[s % D] = not host
 
             # Transmission: the retransmission due now, or a new TB on the grant of slot s.
             p = s % P
-            hq, gr = st.harq(p), st.grant(s)
+            hq, gr = harqs[p], grants[s % K2]
             tx = transmit(unsched, hq, gr, rx_now, nack_below[k], self._bler_c, self._bler_b, l2.harq_max_tx)
             unsched = unsched - tx.take
             bytes_, finish_slot = deliver(bytes_, finish_slot, tx, k)
@@ -574,13 +610,21 @@ class NetL2Legacy(DiscreteLevel):
             else:
                 is_lost, is_round, requeue = rlc_failure(tx, first, usable, round_slot, rlc_cnt,
                                                          l2.rlc_max_retx)
-                usable = usable ^ is_lost
-                bytes_ = bytes_.masked_fill(is_lost, math.inf)
-                unsched = unsched.masked_fill(is_lost, 0.0)
-                rlc_cnt = rlc_cnt + is_round
-                round_slot = round_slot.masked_fill(is_round, s + l2.rlc_delay_slots)
-                held[(s + l2.rlc_delay_slots) % D] += torch.where(requeue, tx.content, zero)
-            st.set_harq(p, harq_next(tx, first))
+                # (In place: bytes_, rlc_cnt and round_slot are this step's own tensors.)
+                if not host or bool(is_lost.any()):  # a loss is rare
+                    usable = usable ^ is_lost
+                    bytes_.masked_fill_(is_lost, math.inf)
+                    unsched = unsched.masked_fill(is_lost, 0.0)
+                    log["lost"].append(mech.count_true(is_lost, -1))
+                rlc_cnt += is_round
+                round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
+                # TB contents are finite and >= 0: the product is torch.where(requeue, content, 0).
+                held[(s + l2.rlc_delay_slots) % D] += tx.content * requeue
+                is_held[(s + l2.rlc_delay_slots) % D] = True
+                # Per robot: the [E, R, A] masks would cost a large stack at the end of the step.
+                log["round"].append(mech.count_true(is_round, -1))
+            for ring, v in zip(hq, harq_next(tx, first), strict=True):
+                ring.copy_(v)
 
             olla = mech.olla_update(olla, tx.is_new, tx.nack, l2.olla_up_db, l2.olla_down_db, l2.olla_max_db)
             avg = torch.lerp(avg, tx.tb_bytes, 1.0 - l2.pf_beta)
@@ -592,15 +636,16 @@ class NetL2Legacy(DiscreteLevel):
                 is_sr = no_robots
 
             # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now).
-            new, need, metric = grant(est, known, avg, olla, st.harq((s + K2) % P), l2.pf_rounds,
+            new, need, metric = grant(est, known, avg, olla, harqs[(s + K2) % P], l2.pf_rounds,
                                       self._sel_db, self._tbs_per_sb, stop_early=host)
-            st.set_grant(s + K2, new)  # slot s + K2 lives where slot s did
+            for ring, v in zip(gr, new, strict=True):  # slot s + K2 lives where slot s did
+                ring.copy_(v)
             known = (known - new.tbs).clamp(min=0)
             outstanding = outstanding + new.tbs
 
             is_tx_by_slot.append(tx.is_tx)
-            for key, v in (("new", tx.is_new), ("nack", tx.nack), ("retx", tx.is_retx),
-                           ("fail", tx.fail), ("round", is_round), ("lost", is_lost), ("sr", is_sr)):
+            for key, v in (("new", tx.is_new), ("nack", tx.nack), ("retx", tx.is_retx), ("fail", tx.fail),
+                           ("sr", is_sr)):
                 log[key].append(v)
             if self.trace is not None:
                 self.trace.append(dict(
@@ -627,19 +672,20 @@ class NetL2Legacy(DiscreteLevel):
             done=torch.gather(done_a, -1, ix) & valid,
             finish_s=(torch.gather(finish_slot, -1, ix) + 1).to(self.dtype) * cfg.slot_s,
             remaining=torch.gather(bytes_, -1, ix),
-            tx_time_s=torch.stack(is_tx_by_slot).sum(0).to(self.dtype) * cfg.slot_s,
+            tx_time_s=mech.count_true(torch.stack(is_tx_by_slot), 0).to(self.dtype) * cfg.slot_s,
             lost=torch.gather(live & ~usable, -1, ix) & valid,
         )
 
     def _count(self, log: dict) -> None:
-        """Add the step's per-slot events to ``counters`` (``log``: lists of ``[E, R]`` or ``[E, R, A]``
-        bool)."""
-        st = {key: torch.stack(v) for key, v in log.items()}
+        """Add the step's per-slot events to ``counters`` (``log``: lists of ``[E, R]`` bool, and for
+        ``round`` and ``lost``, of ``[E, R]`` counts of the slots that had any)."""
+        st = {key: torch.stack(log[key]) for key in ("new", "nack", "retx", "fail", "sr")}
         c = self.counters
-        c["tx_first"] += st["new"].sum(0)
-        c["nack_first"] += (st["nack"] & st["new"]).sum(0)
-        c["tx_retx"] += st["retx"].sum(0)
-        c["harq_fail"] += st["fail"].sum(0)
-        c["rlc_retx"] += st["round"].sum((0, 3))
-        c["rlc_lost"] += st["lost"].sum((0, 3))
-        c["sr"] += st["sr"].sum(0)
+        c["tx_first"] += mech.count_true(st["new"], 0)
+        c["nack_first"] += mech.count_true(st["nack"] & st["new"], 0)
+        c["tx_retx"] += mech.count_true(st["retx"], 0)
+        c["harq_fail"] += mech.count_true(st["fail"], 0)
+        for key, name in (("round", "rlc_retx"), ("lost", "rlc_lost")):
+            if log[key]:
+                c[name] += torch.stack(log[key]).sum(0, dtype=torch.int32)
+        c["sr"] += mech.count_true(st["sr"], 0)

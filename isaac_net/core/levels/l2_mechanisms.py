@@ -8,6 +8,7 @@ slot by slot. Shapes use ``E`` envs, ``R`` robots, ``S`` subbands, ``M`` MCS ind
 from __future__ import annotations
 
 import math
+import typing
 
 import torch
 
@@ -99,15 +100,27 @@ def effective_sinr_lin(sinr_lin: torch.Tensor, is_alloc: torch.Tensor,
     It has no per-MCS calibration factor, is exact for a flat channel, and lies between
     the smallest and the mean per-subband SINR.
 
-    :input sinr_lin: ``[..., S]`` per-subband SINR, linear. :input is_alloc: ``[..., S]`` bool.
+    :input sinr_lin: ``[..., S]`` per-subband SINR, linear (finite, >= 0). :input is_alloc: ``[..., S]`` bool.
     :input num_alloc: ``[...]`` the number of allocated subbands, if the caller has it.
     :output: ``[...]`` linear (0 where nothing is allocated).
     """
     if num_alloc is None:
         num_alloc = torch.count_nonzero(is_alloc, -1)
-    zero = torch.zeros((), dtype=sinr_lin.dtype, device=sinr_lin.device)
-    mi = torch.where(is_alloc, torch.log2(1.0 + sinr_lin), zero).sum(-1) / num_alloc.clamp(min=1)
-    return torch.exp2(mi) - 1.0
+    # log2(1 + sinr) is finite and >= 0, so a product with the 0/1 mask gives the values of
+    # torch.where(is_alloc, ., 0) (a data-dependent branch per element, several times slower).
+    mi = torch.add(sinr_lin, 1.0).log2_().mul_(as_float(is_alloc, sinr_lin.dtype)).sum(-1)
+    return torch.exp2(mi / num_alloc.clamp(min=1)) - 1.0
+
+
+def as_float(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as 0/1 of ``dtype`` (through uint8: a direct bool conversion is several times slower)."""
+    return mask.view(torch.uint8).to(dtype)
+
+
+def count_true(mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """``count_nonzero(mask, dim)`` of a bool mask in a small integer type (uint8 below 255, so that
+    adding 1 cannot wrap): no conversion of the mask to int64, several times faster on the CPU."""
+    return mask.view(torch.uint8).sum(dim, dtype=torch.uint8 if mask.shape[dim] < 255 else torch.int32)
 
 
 def capacity_by_subbands(sinr1_lin: torch.Tensor, bytes_per_sb_se: float, se_max: float, gap_lin: float,
@@ -159,26 +172,118 @@ def pf_allocate(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor,
     """
     if order is None:
         order = torch.argsort(metric, dim=-1, descending=True)
-    alloc = torch.zeros_like(metric, dtype=torch.bool)
-    need_left = need
-    is_open = is_free  # [E, S] subbands still to settle
-    neg_inf = torch.full((), -math.inf, dtype=metric.dtype, device=metric.device)
+    alloc = pf_allocate_envs_last(to_envs_last(metric), need.t(), is_free.t(), num_rounds,
+                                  PfOrder.of(order), stop_early=stop_early)
+    return to_envs_first(alloc)
+
+
+# The allocation runs with the envs on the last dimension ([R, S, E]: robots, subbands, envs).
+# There a per-robot ([R, 1, E]) or per-subband ([1, S, E]) operand broadcasts over an outer
+# dimension and a reduction over the robots or subbands is one over an outer dimension: each
+# operation is vectorised over the envs, where on [E, R, S] it would be an element-by-element
+# loop of 8 or 12. The allocation's arithmetic is exact (comparisons, max), so the layout
+# changes no bit.
+def to_envs_last(x: torch.Tensor) -> torch.Tensor:
+    """``[E, R, S]`` -> ``[R, S, E]`` (contiguous)."""
+    E, R, S = x.shape
+    return x.reshape(E, R * S).t().contiguous().view(R, S, E)
+
+
+def to_envs_first(x: torch.Tensor) -> torch.Tensor:
+    """``[R, S, E]`` -> ``[E, R, S]`` (contiguous)."""
+    R, S, E = x.shape
+    return x.reshape(R * S, E).t().contiguous().view(E, R, S)
+
+
+# A robot's offered subbands as a bit mask in its own order (bit j: its j-th best subband) give
+# through a table the positions it keeps: a table of 2^S * (S + 1) entries up to this many subbands.
+_TABLE_MAX_SUBBANDS = 16
+_tables: dict = {}
+
+
+def _keep_table(S: int, device) -> torch.Tensor:
+    """For each offered mask ``b`` in ``[0, 2^S)`` and need ``k`` in ``[0, S]``, at ``b * (S + 1) + k``:
+    ``thr`` such that the robot keeps the positions ``j < thr`` of ``b`` (its first ``k`` offered). uint8."""
+    key = ("keep", S, device)
+    if key not in _tables:
+        bits = (torch.arange(2 ** S).unsqueeze(1) >> torch.arange(S)) & 1  # [2^S, S]
+        rank = bits.cumsum(1)  # offered so far, best first
+        thr = (rank.unsqueeze(1) <= torch.arange(S + 1).view(1, -1, 1)).sum(-1)  # [2^S, S + 1]
+        _tables[key] = thr.to(torch.uint8).flatten().to(device)
+    return _tables[key]
+
+
+def _out_table(S: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[S + 1]``: -inf at a need of 0 (the robot takes no part), 0 above."""
+    key = ("out", S, dtype, device)
+    if key not in _tables:
+        _tables[key] = torch.zeros(S + 1, dtype=dtype, device=device)
+        _tables[key][0] = -math.inf
+    return _tables[key]
+
+
+class PfOrder(typing.NamedTuple):
+    """Each robot's subbands by decreasing metric, in the forms :func:`pf_allocate_envs_last` uses.
+    All ``[R, S, E]``."""
+
+    rank: torch.Tensor  # uint8 (long from 256 subbands), the position of each subband in the order
+    weight: torch.Tensor | None  # int16 or int32, (S + 1) * 2^rank: the keep table's index of an offered mask
+    order: torch.Tensor | None  # long, the subband at each position (as argsort), where there is no table
+
+    @classmethod
+    def of(cls, order: torch.Tensor) -> "PfOrder":
+        """From ``order`` ``[E, R, S]`` (``argsort`` of the metric, descending)."""
+        S = order.shape[-1]
+        pos = torch.arange(S, device=order.device).expand(order.shape)
+        rank = torch.empty_like(order).scatter_(-1, order, pos)
+        rank = to_envs_last(rank.to(torch.uint8) if S < 256 else rank)  # (a narrow type transposes faster)
+        if S > _TABLE_MAX_SUBBANDS:
+            return cls(rank, None, to_envs_last(order))
+        # int16 where it fits: its product with uint8 costs less.
+        weight = rank.to(torch.int16 if (S + 1) << (S - 1) < 2 ** 15 else torch.int32)
+        return cls(rank, (S + 1) << weight, None)
+
+
+def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor, num_rounds: int,
+                          order: PfOrder, *, stop_early: bool = False) -> torch.Tensor:
+    """:func:`pf_allocate` with the envs last: ``metric`` ``[R, S, E]``, ``need`` ``[R, E]``,
+    ``is_free`` ``[S, E]``; ``order`` from :meth:`PfOrder.of`. The same allocation, ``[R, S, E]`` bool.
+
+    ``stop_early`` also allows the other host-side branch, a test for ties.
+    """
+    R, S, E = metric.shape
+    table = _keep_table(S, metric.device) if order.weight is not None else None
+    count = torch.uint8 if max(R, S) < 256 else torch.int32  # for counts of robots or subbands
+    # A robot keeps at most S subbands: a larger need acts as S.
+    need_left = need.clamp(0, S).to(torch.int32, memory_format=torch.contiguous_format)  # [R, E]
+    out = _out_table(S, metric.dtype, metric.device)
+    is_open = is_free  # [S, E] subbands still to settle
+    alloc = torch.zeros(R, S, E, dtype=torch.bool, device=metric.device)
     for i in range(num_rounds):
-        is_cand = (need_left > 0).unsqueeze(-1) & is_open.unsqueeze(1)  # [E, R, S]
-        if stop_early and i > 0 and not bool(is_cand.any()):
-            break
-        m = torch.where(is_cand, metric, neg_inf)
-        best = m.max(1)  # over robots: [E, S]
-        has = best.values > neg_inf
-        winner = best.indices.unsqueeze(1)  # [E, 1, S]
-        offered = torch.zeros_like(alloc).scatter_(1, winner, has.unsqueeze(1))
-        offered_sorted = torch.gather(offered, -1, order)
-        rank = offered_sorted.cumsum(-1)  # [E, R, S] offered subbands so far, best first
-        kept = torch.zeros_like(alloc).scatter_(-1, order, offered_sorted & (rank <= need_left.unsqueeze(-1)))
+        m = metric + out.index_select(0, need_left.view(-1)).view(R, 1, E)  # -inf: needs nothing (more)
+        best = m.amax(0)  # over robots: [S, E]
+        has = is_open & (best > -math.inf)
+        # The robots at the best metric of each subband someone gets; on a tie the first, as max(1) picks.
+        offered = m.eq_(best).bool() & has
+        n_off = offered.view(torch.uint8)
+        if not stop_early or int(n_off.sum(0, dtype=count).amax()) > 1:
+            offered &= ~n_off.cumsum(0, dtype=count).sub_(n_off).bool()
+        # Each robot keeps the offered subbands that come first in its order, up to its need.
+        if table is not None:
+            idx = (n_off * order.weight).sum(1, dtype=torch.int32).add_(need_left)
+            kept = offered & (order.rank < table.index_select(0, idx.view(-1)).view(R, 1, E))
+        else:
+            rank = torch.gather(offered, 1, order.order).view(torch.uint8).cumsum(1, dtype=torch.int32)
+            kept = offered & (order.rank < (rank <= need_left.unsqueeze(1)).sum(1, keepdim=True))
         alloc |= kept
-        need_left = need_left - torch.minimum(rank[..., -1], need_left)
-        # A subband nobody wanted stays unwanted (needs only shrink); a declined one reopens.
-        is_open = has & ~torch.gather(kept, 1, winner).squeeze(1)
+        if i + 1 < num_rounds:
+            n_kept = kept.view(torch.uint8)
+            # A subband nobody wanted stays unwanted (needs only shrink); a declined one reopens.
+            is_open = has ^ n_kept.amax(0).view(torch.bool)
+            # Without an open subband nothing changes any more (a sufficient test: cheaper than the exact).
+            if stop_early and not bool(is_open.any()):
+                break
+            need_left.sub_(n_kept.sum(1, dtype=count))
     return alloc
 
 
