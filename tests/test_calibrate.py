@@ -55,6 +55,59 @@ def test_fit_recovers_constants_from_a_calibrated_fluid_target():
     assert cal.heldout_loss is None
 
 
+def test_gradient_check_flags_an_exploding_backpropagation_and_passes_a_stable_one():
+    """L1D with mean-field sends and a latency floor of 32 of its 40 slots at tau = 0.05 (constants an
+    earlier fit chose): near critical load its state map expands step after step, and the rollout's
+    autograd derivative in p is thousands of times the model's own finite difference. The same
+    rollout without the floor matches its finite difference."""
+    prob = calibrate.problem([(0.5, 20000.0, 23.0)], R=8, envs=2, T=60, warmup=5, seed=0)
+    consts = dict(rate_factor=0.569, snr_offset_db=-3.89)
+    exploding = calibrate.gradient_check("L1", "mean_field", prob, CellConfig(**consts, l1_sr_slots=32),
+                                         tau=0.05, lam=0.1)
+    plain = calibrate.gradient_check("L1", "mean_field", prob, CellConfig(**consts), tau=0.05, lam=0.1)
+    assert not exploding["stable"] and exploding["worst_error"] > 1e3
+    assert abs(exploding["autograd"]) > 1e3 * abs(exploding["fd"])
+    assert plain["stable"] and plain["worst_error"] < 0.01
+    assert plain["point"] == [0.5, 20000.0, 23.0]
+    assert plain["max_error"] == calibrate.SEARCH["gradient_max_error"]
+
+
+def _fake_check(unstable_floors):
+    """``gradient_check`` that declares the QA floors ``unstable_floors`` unusable (the rest as measured)."""
+    real = calibrate.gradient_check
+
+    def check(mode, sends, prob, cfg, **kw):
+        out = real(mode, sends, prob, cfg, **kw)
+        if cfg.qa_sr_slots in unstable_floors:
+            out = {**out, "stable": False, "worst_error": 1e6}
+        return out
+    return check
+
+
+def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
+    """The refined floor with the lowest loss fails the gradient check: the fit refines the next floor
+    of the grid's ranking and takes it, recording the rejected floor; with every floor failing, it keeps
+    the best fit, flagged, and warns."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16)
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
+                                                       dataclasses.replace(CellConfig(), **truth),
+                                                       tau=0.05, lam=0.1).items()}
+    kw = {**TINY, "envs": 2}
+    monkeypatch.setattr(calibrate, "gradient_check", _fake_check({16}))
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
+    assert cal.sr_slots == 4 and cal.gradient_check["stable"]
+    assert [r["sr_slots"] for r in cal.gradient_check["rejected"]] == [16]
+    assert cal.gradient_check["rejected"][0]["train_loss"] < 1e-3 < cal.train_loss  # the truth, set aside
+    assert cal.setup["gradient_checks"] == 2
+
+    monkeypatch.setattr(calibrate, "gradient_check", _fake_check({4, 16}))
+    with pytest.warns(UserWarning, match="no latency floor of \\[4, 16\\] passes the gradient check"):
+        flagged = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
+    assert flagged.sr_slots == 16 and not flagged.gradient_check["stable"]
+    assert [r["sr_slots"] for r in flagged.gradient_check["rejected"]] == [4]
+
+
 def test_fit_improves_the_held_out_points(fitted):
     assert fitted.train_loss < fitted.uncalibrated_train_loss
     assert fitted.heldout_loss < fitted.uncalibrated_heldout_loss
@@ -83,6 +136,12 @@ def test_save_load_several_and_clear_errors(fitted, tmp_path):
     pairs = [(e["mode"], e["sends"]) for e in data["calibrations"]]
     assert pairs == [("L1", "mean_field"), ("QA", "relaxed")]
     assert calibrate.Calibration.load(path, mode="QA", sends="relaxed") == fitted
+    assert fitted.gradient_check["stable"] and fitted.gradient_check["worst_error"] >= 0
+    old = {**data, "calibrations": [{k: v for k, v in e.items() if k != "gradient_check"}
+                                    for e in data["calibrations"]]}
+    (tmp_path / "old.json").write_text(json.dumps(old))  # written before the check existed: loads, None
+    old_cal = calibrate.Calibration.load(tmp_path / "old.json", mode="QA", sends="relaxed")
+    assert old_cal.gradient_check is None
     assert calibrate.Calibration.load(path, mode="L1", sends="mean_field").rate_factor == 0.5
     missing = r"no calibration for mode='L1', sends='relaxed'.*\(L1, mean_field\)"
     with pytest.raises(ValueError, match=missing):

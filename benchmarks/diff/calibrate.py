@@ -159,6 +159,7 @@ def merge(stage, params: dict, out: dict) -> None:
                 "heldout_loss": c["heldout_loss"],
                 "evaluations": c["setup"]["evaluations"],
                 "wall_fit_s": f["wall_fit_s"],
+                "gradient_check": c["gradient_check"],
             }
         )
     # The load sweep of the figure, as a third check of the fit: its mean point loss per model.
@@ -172,6 +173,8 @@ def merge(stage, params: dict, out: dict) -> None:
     summary["sweep_points"] = len(sweep_l2["points"])
     summary["worst_heldout_loss"] = max(r["heldout_loss"] for r in table)
     summary["all_improve_heldout"] = all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in table)
+    summary["all_gradients_stable"] = all(r["gradient_check"]["stable"] for r in table)
+    summary["floors_rejected"] = sum(len(r["gradient_check"]["rejected"]) for r in table)
     sweep = {
         "points": sweep_l2["points"],
         "L2-legacy": sweep_l2["kpis"],

@@ -17,7 +17,11 @@ A coarse grid over the three constants is evaluated in a few batched rollouts (t
 candidates' capacity factor and SNR offset enter exactly through the inputs: bytes
 ``B / rate_factor`` and SNR ``snr_db + offset`` give the same service as the constants),
 then the best latency floors are refined with Nelder-Mead on (log rate_factor, offset)
-with the constants themselves. The loss per operating point is the squared log error of
+with the constants themselves. The fitted constants must give usable gradients: at every
+training point the rollout's autograd derivative in p is checked against the model's own finite
+difference (:func:`gradient_check`); a latency floor whose backpropagation through time
+explodes (measured: L1D with mean-field sends and a floor of 24-32 slots at ``tau = 0.05``) is set
+aside and the next floor is refined. The loss per operating point is the squared log error of
 delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``) plus the delivery-ratio
 error in units of 0.1; it is fitted on a training grid and reported on held-out points.
 
@@ -66,7 +70,14 @@ SEARCH = {
     "sr_slots": {"L1": (0, 8, 16, 24, 32), "QA": (0, 8, 16, 24, 32)},
     "refine_top": 2,  # latency floors refined by Nelder-Mead
     "refine_evals": 30,  # loss evaluations per refinement
+    # The gradient check of the fitted constants (``gradient_check``): the half step in p of the
+    # model's own finite difference, and the largest error of autograd against it (in units of
+    # |FD| + 0.1 |KPI|) that still counts as usable; a backpropagation through time that explodes
+    # gives errors of 1e4 to 1e9.
+    "gradient_h": 0.02,
+    "gradient_max_error": 100.0,
 }
+KPI_FLOOR = 0.1  # the gradient check's error is |autograd - FD| / (|FD| + KPI_FLOOR |KPI|)
 
 
 def sr_field(mode: str) -> str:
@@ -231,6 +242,63 @@ def model_kpis(
     return {k: v.double().view(n, -1) for k, v in group_kpis(res, n * len(prob.points)).items()}
 
 
+def _rollout_kpis(mode: str, sends: str, prob: Problem, cfg: CellConfig, p: torch.Tensor, *, tau: float,
+                  lam: float) -> dict:
+    """Batch KPIs ``{kpi: [n_points]}`` of the model with constants ``cfg`` at the send probabilities
+    ``p`` ``[E, R]`` (the rest of ``prob``'s inputs), differentiable where grad is on."""
+    E, R = p.shape
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=p.dtype)
+    res = rollout(net, prob.T, p, prob.B, pos=prob.pos, tx_dbm=prob.tx_dbm, warmup=prob.warmup, sends=sends,
+                  u=prob.u if sends != "mean_field" else None, lam=lam)
+    return group_kpis(res, len(prob.points))
+
+
+def gradient_check(mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float,
+                   h: float = SEARCH["gradient_h"], max_error: float = SEARCH["gradient_max_error"]) -> dict:
+    """Whether the model's gradients are usable with the constants of ``cfg``: at each point of
+    ``prob``, the autograd derivative of every KPI with respect to a common shift of p (one
+    backward per KPI) against the model's own central finite difference with the half step ``h``
+    (smaller where p is within ``2 h`` of 0 or 1), both on the same sends.
+
+    A backpropagation through time that is unstable (a state map that expands, step after step)
+    gives derivatives many orders of magnitude above the finite difference, which stays of the
+    size of the KPI's change: the error ``|autograd - FD| / (|FD| + KPI_FLOOR |KPI|)`` measures it.
+
+    :output: ``{"stable": worst error <= max_error, "worst_error", "kpi", "point", "autograd",
+        "fd"}`` (the last four where the error is worst), plus ``h``, ``max_error`` and ``kpi_floor``.
+    """
+    n = len(prob.points)
+    per_point = torch.tensor([pt[0] for pt in prob.points], dtype=torch.float64)
+    h_pt = torch.minimum(torch.full_like(per_point, float(h)), torch.minimum(per_point, 1.0 - per_point) / 2)
+    h_pt = h_pt.clamp_min(1e-4).to(prob.p.dtype)
+
+    def envs(v):  # [n_points] -> [E, 1], point i's envs
+        return v.repeat_interleave(prob.envs).unsqueeze(-1)
+
+    opts = dict(tau=tau, lam=lam)
+    shift = torch.zeros(n, dtype=prob.p.dtype, requires_grad=True)
+    with torch.enable_grad():
+        base = _rollout_kpis(mode, sends, prob, cfg, prob.p + envs(shift), **opts)
+        grads = {}
+        for i, k in enumerate(KPIS):
+            (grads[k],) = torch.autograd.grad(base[k].sum(), shift, retain_graph=i < len(KPIS) - 1)
+    with torch.no_grad():
+        up = _rollout_kpis(mode, sends, prob, cfg, (prob.p + envs(h_pt)).clamp(0.0, 1.0), **opts)
+        down = _rollout_kpis(mode, sends, prob, cfg, (prob.p - envs(h_pt)).clamp(0.0, 1.0), **opts)
+    worst = {"worst_error": 0.0, "kpi": None, "point": None, "autograd": None, "fd": None}
+    for k in KPIS:
+        g = grads[k].double()
+        fd = (up[k] - down[k]).double() / (2.0 * h_pt.double())
+        err = (g - fd).abs() / (fd.abs() + KPI_FLOOR * base[k].detach().double().abs())
+        err = torch.where(torch.isfinite(err), err, math.inf)
+        i = int(err.argmax())
+        if float(err[i]) > worst["worst_error"] or worst["kpi"] is None:
+            worst = {"worst_error": float(err[i]), "kpi": k, "point": list(prob.points[i]),
+                     "autograd": float(g[i]), "fd": float(fd[i])}
+    stable = worst["worst_error"] <= max_error
+    return {"stable": stable, **worst, "h": float(h), "max_error": float(max_error), "kpi_floor": KPI_FLOOR}
+
+
 def point_loss(model: dict, target: dict) -> torch.Tensor:
     """Loss per point ``[..., n_points]``: squared log errors of delay, AoI and energy plus the
     delivery error in units of ``DELIVERY_UNIT``, weighted by ``LOSS_WEIGHTS``. A model that
@@ -267,6 +335,9 @@ class Calibration:
     :field cell, l2_config: the ``CellConfig`` the constants apply to and the ``L2LegacyConfig``
         they were fitted against, as dicts.
     :field setup: the fit's settings (T, warmup, tau, lam, envs, seed, search grid, loss weights).
+    :field gradient_check: :func:`gradient_check` of the constants on the training points (``stable``,
+        the worst error and where) and the floors ``rejected`` for unusable gradients (None in a
+        file written before the check existed).
     """
 
     mode: str
@@ -285,6 +356,7 @@ class Calibration:
     cell: dict
     l2_config: dict
     setup: dict
+    gradient_check: dict | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -350,7 +422,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict, source: str = "the dict") -> "Calibration":
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d and n != "provenance"]
+        missing = [n for n in names if n not in d and n not in ("provenance", "gradient_check")]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
         kw = {n: d[n] for n in names if n in d}
@@ -508,11 +580,13 @@ def fit(
     # 2. Refinement of the best latency floors with the constants themselves.
     from scipy.optimize import minimize
 
-    best, tried = None, []
-    for L in list(dict.fromkeys(r[3] for r in coarse))[: int(sp["refine_top"])]:
+    tried = []
+
+    def refine(L: int) -> tuple:
+        """Nelder-Mead on (log rate factor, offset) at the floor ``L`` from its best grid point."""
         start = next(r for r in coarse if r[3] == L)
 
-        def objective(z, L=L):
+        def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
             value = float(
                 _loss(model_kpis(mode, sends, m_train, with_constants(eta, z[1], L), **opts), targets)[0]
@@ -547,8 +621,41 @@ def fit(
                 f"(rate factor {cand[1]:.3f}, offset {cand[2]:.2f} dB; {res.nfev} evaluations)",
                 flush=True,
             )
-        if best is None or cand[0] < best[0]:
-            best = cand
+        return cand
+
+    # 3. The gradient check: the refined constants with the lowest loss whose gradients are usable
+    # win. While every refined floor fails it, the next floor of the grid's ranking is refined.
+    ranking = list(dict.fromkeys(r[3] for r in coarse))
+    refined = [refine(L) for L in ranking[: int(sp["refine_top"])]]
+    pending = ranking[int(sp["refine_top"]):]
+    checks: dict = {}
+    best = None
+    while best is None:
+        for cand in sorted(refined, key=lambda c: c[0]):
+            if cand not in checks:
+                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:]),
+                                              h=sp["gradient_h"], max_error=sp["gradient_max_error"], **opts)
+                if progress:
+                    c = checks[cand]
+                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, gradient check "
+                          f"{'passed' if c['stable'] else 'FAILED'} (worst error {c['worst_error']:.3g}: "
+                          f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']})",
+                          flush=True)
+            if checks[cand]["stable"]:
+                best = cand
+                break
+        else:
+            if not pending:
+                break
+            refined.append(refine(pending.pop(0)))
+    if best is None:  # no floor gives usable gradients: the best fit, flagged
+        best = min(refined, key=lambda c: c[0])
+        warnings.warn(f"calibrate {mode}D {sends}: no latency floor of {list(floors)} passes the gradient "
+                      "check; the calibration is flagged (gradient_check.stable is False)", stacklevel=2)
+    grad_check = {**checks[best], "rejected": [
+        {"sr_slots": c[3], "rate_factor": c[1], "snr_offset_db": c[2], "train_loss": c[0],
+         "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"]}
+        for c in sorted(checks, key=lambda c: c[0]) if c != best and not checks[c]["stable"]]}
     train_loss, eta, off, L = best
     fitted, plain = with_constants(eta, off, L), cfg
 
@@ -573,6 +680,7 @@ def fit(
         "loss_weights": LOSS_WEIGHTS,
         "delivery_unit": DELIVERY_UNIT,
         "evaluations": len(coarse) + len(tried),
+        "gradient_checks": len(checks),
     }
     prov = {
         "torch": torch.__version__,
@@ -596,6 +704,7 @@ def fit(
         cell=_jsonable(dataclasses.asdict(cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)),
         setup=_jsonable(setup),
+        gradient_check=_jsonable(grad_check),
         provenance=prov,
     )
 
@@ -611,6 +720,7 @@ def _bar(items, progress: bool, desc: str):
 __all__ = [
     "Calibration",
     "fit",
+    "gradient_check",
     "group_kpis",
     "measure",
     "model_kpis",
