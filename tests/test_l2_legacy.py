@@ -149,6 +149,53 @@ def test_pf_gives_each_subband_to_at_most_one_robot_with_known_data(seed):
     assert torch.equal(mech.pf_allocate(metric, need, is_free, S, order, stop_early=True), alloc)
 
 
+def _pf_by_hand(metric, need, is_free, num_rounds, order):
+    """PF subband by subband as the docstring says it, with Python loops over one env: each round
+    every open subband goes to the robot with the highest metric among those that still need
+    subbands (the first on a tie); a robot keeps its best offered ones (in ``order``) up to its
+    need; a declined subband reopens, one nobody wanted stays closed."""
+    R, S = metric.shape
+    alloc = [[False] * S for _ in range(R)]
+    need_left = [int(n) for n in need]
+    is_open = [bool(f) for f in is_free]
+    for _ in range(num_rounds):
+        offered = [[False] * S for _ in range(R)]
+        has = [False] * S
+        for s in range(S):
+            cands = [r for r in range(R) if need_left[r] > 0 and is_open[s]]
+            if cands:
+                best = max(float(metric[r, s]) for r in cands)
+                offered[next(r for r in cands if float(metric[r, s]) == best)][s] = True
+                has[s] = True
+        kept = [[False] * S for _ in range(R)]
+        for r in range(R):
+            took = 0
+            for s in (int(j) for j in order[r]):
+                if offered[r][s] and took < need_left[r]:
+                    kept[r][s] = alloc[r][s] = True
+                    took += 1
+            need_left[r] -= took
+        is_open = [has[s] and not any(kept[r][s] for r in range(R)) for s in range(S)]
+    return torch.tensor(alloc)
+
+
+@pytest.mark.parametrize("S", [6, 17])  # 17 subbands: past the keep table, the gather path
+def test_pf_matches_the_allocation_by_hand_with_ties(S):
+    """The vectorised allocation (envs last, keep table or its gather fallback, tie test only on the
+    host) gives the allocation written out with loops, on metrics with many ties."""
+    g = torch.Generator().manual_seed(S)
+    E, R = 40, 4
+    metric = torch.randint(0, 3, (E, R, S), generator=g).double()  # three levels: ties everywhere
+    need = torch.randint(0, S + 2, (E, R), generator=g)
+    is_free = torch.rand(E, S, generator=g) < 0.8
+    order = torch.argsort(metric, dim=-1, descending=True, stable=True)
+    for rounds in (1, 3):
+        want = torch.stack([_pf_by_hand(metric[e], need[e], is_free[e], rounds, order[e]) for e in range(E)])
+        for stop_early in (False, True):
+            got = mech.pf_allocate(metric, need, is_free, rounds, order, stop_early=stop_early)
+            assert torch.equal(got, want), (rounds, stop_early)
+
+
 def test_pf_takes_the_best_metric_per_subband_when_everyone_wants_everything():
     metric, _, _ = _random_pf_problem(3)
     E, R, S = metric.shape

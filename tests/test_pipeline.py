@@ -464,6 +464,16 @@ def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):
     arts["cost"]["provenance"]["config"]["run_target_s"] = 1.0  # less than the work over 2 cores
     assert "**not met**: the stages' work alone is more than 2 cores" in section(
         build_page(tmp_path / "short", arts), "## This run")
+    # The box's yardstick: the span scaled by the reference box's per-slot autograd time over this run's.
+    arts["cost"]["provenance"]["config"]["run_target_s"] = last + 60.0
+    arts["cost"]["provenance"]["config"]["box_reference"] = {"E": 16, "per_slot_autograd_s": 3.6,
+                                                             "commit": "93356fe"}
+    run = section(build_page(tmp_path / "box", arts), "## This run")
+    assert "1.8 s in this run, 3.6 s on the box of the page measured at `93356fe`" in run
+    assert f"about {2 * last / 60:.3g} min on that box: **over the target** there." in run
+    arts["cost"]["provenance"]["config"]["box_reference"]["per_slot_autograd_s"] = 1.8
+    assert "on that box: within the target there too." in section(build_page(tmp_path / "box2", arts),
+                                                                   "## This run")
     arts["cost"]["provenance"]["git_commit"] = "f" * 40
     run = section(build_page(tmp_path / "two", arts), "## This run")
     assert "more than one commit" in run and "**not met** (not one run)" in run
