@@ -526,18 +526,20 @@ COMPILED_MODES = [pytest.param(m, marks=pytest.mark.xdist_group(f"compiled-{m}")
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_compiled_equals_eager(mode):
+    """The compiled step, in a step loop (QAD's rollout keeps its fused eager node on the CPU), equals
+    the eager model's rollout, values and gradients, and a new temperature compiles nothing."""
     cfg = COMPILE_CFG
     s = seed_scenario("normal", E=2, R=3, T=5)
     grads = []
     for compiled in (False, True):
         p = s.p.clone().requires_grad_()
         net = DiffFluid(2, 3, mode=mode, tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
-        k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
+        k = rollout(net, s.T, p, s.B, snr_db=s.snr_db, step_by_step=compiled)
         (g,) = torch.autograd.grad(kpi_mix(k), p)
         grads.append((kpi_mix(k).detach(), g))
         net.tau = 0.02  # a new temperature is a new input value, not a new graph
         with torch._dynamo.config.patch(error_on_recompile=compiled):
-            rollout(net, 2, p, s.B, snr_db=s.snr_db)
+            rollout(net, 2, p, s.B, snr_db=s.snr_db, step_by_step=compiled)
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=0)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)
 
@@ -608,8 +610,8 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
                 kw = dict(pos=pos, tx_dbm=torch.full((E, R), 20.0, dtype=F64, requires_grad=True))
             else:
                 kw = dict(snr_db=5 + 20 * torch.rand(E, R, generator=g, dtype=F64))
-            with torch._dynamo.config.patch(error_on_recompile=not first):
-                k = rollout(net, 3, p, torch.full((E, R), 8000.0, dtype=F64), **kw)
+            with torch._dynamo.config.patch(error_on_recompile=not first):  # step loops: QAD's too
+                k = rollout(net, 3, p, torch.full((E, R), 8000.0, dtype=F64), step_by_step=True, **kw)
                 kpi_mix(k).backward()
             assert float(p.grad.abs().sum()) > 0
             counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
@@ -618,6 +620,29 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
             assert steps is None or step_counts == steps, (radio, E)
             assert step.num_fallbacks == 0
             first, kernels, steps = False, counts, step_counts
+
+
+def test_qad_rollout_keeps_its_fused_node_on_the_cpu_with_compile():
+    """On the CPU the hand-written rollout node of QAD is as fast as its compiled step or faster, so
+    ``compile=True`` leaves ``rollout`` on it: the same values and gradients as the eager model to the
+    bit, and no compiled step is built, loaded or traced; a step loop would compile."""
+    from isaac_net.core.diff import model
+
+    s = seed_scenario("normal", E=3, R=4, T=6)
+    before = {k: (f.num_compiles, f.num_loads, f.num_fallbacks) for k, f in model._COMPILED_STEPS.items()}
+    out = []
+    for compiled in (False, True):
+        p = s.p.clone().requires_grad_()
+        net = DiffFluid(3, 4, mode="QA", tau=0.05, cfg=s.cfg, dtype=F64, compile=compiled)
+        assert net.fused_rollout
+        k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
+        out.append((kpi_mix(k).detach(), torch.autograd.grad(kpi_mix(k), p)[0]))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    after = {k: (f.num_compiles, f.num_loads, f.num_fallbacks) for k, f in model._COMPILED_STEPS.items()}
+    assert after == before
+    assert not DiffFluid(3, 4, mode="L1", compile=True).fused_rollout
+    with pytest.raises(TypeError, match="step_by_step: expected a bool"):
+        rollout(net, 2, s.p, s.B, snr_db=s.snr_db, step_by_step="yes")
 
 
 def _kernel_body(a, b):

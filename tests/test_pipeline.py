@@ -149,6 +149,10 @@ def fixture_artifacts() -> dict[str, dict]:
         {**row, "variant": "per-slot autograd", "E": 16, "compile": False, "forward_s": 0.8,
          "backward_s": 1.0,
          "peak_rss_mib": 351.0, "earlier_ratio": 12.2},
+        {**row, "model": "QAD", "variant": "eager", "E": 1024, "compile": False, "forward_s": 0.09,
+         "backward_s": 0.1, "peak_rss_mib": 400.0, "earlier_ratio": None},
+        {**row, "model": "QAD", "variant": "compiled, step loop", "E": 1024, "compile": True,
+         "forward_s": 0.15, "backward_s": 0.13, "peak_rss_mib": 480.0, "earlier_ratio": None},
         {**row, "variant": "compiled", "E": 64, "compile": True, "threads": 2, "available": False,
          "error": "timed out after 900 s", "earlier_ratio": None},
     ]
@@ -386,6 +390,9 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "Signs are physical" in fd
 
     cost = section(page, "## Cost")
+    assert ("- QAD at E = 1024, one thread, forward + backward: the fused rollout node (eager, and what "
+            "`rollout` runs under `compile=True` on the CPU) 0.19 s, the compiled step loop 0.28 s "
+            "(the fused node 1.47× faster).") in cost
     assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | – | 345 | 24.3× |" in cost
     assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | – | 3310 | – |" in cost
     assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), "
@@ -811,10 +818,14 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert sorted((j["name"], j["E"]) for j in graphed) == sorted(
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
-    assert {cost._variant(j) for j in cpu} == {"eager", "compiled", "per-slot autograd", "per-op autograd",
-                                               "discrete", "compiled, first call, cold cache",
-                                               "compiled, first call, warm cache"}
+    assert {cost._variant(j) for j in cpu} == {
+        "eager", "compiled", "compiled, step loop", "per-slot autograd", "per-op autograd", "discrete",
+        "compiled, first call, cold cache", "compiled, first call, warm cache"}
+    # QAD's compiled rows are step loops (its rollout keeps the fused eager node on the CPU)
+    assert {j["name"] for j in cpu if cost._variant(j) == "compiled, step loop"} == {"QA"}
     extra = [E for E in params["speedup_E"] if E not in params["E"]]
+    assert sorted((j["E"], j["compile"]) for j in cpu if j["name"] == "QA" and j["E"] in extra) == sorted(
+        (E, c) for E in extra for c in (False, True))
     assert sorted((j["name"], j["E"]) for j in cpu if j.get("slots") == "autograd") == sorted(
         [(m, E) for m in ("L1", "QA") for E in params["E"]] + [("L1", E) for E in extra])
     # the first compiled calls run first, cold before warm, while each model's cache is empty

@@ -14,7 +14,7 @@ SENDS = ("mean_field", "relaxed", "binary")
 
 def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None, deadline=None,
             warmup: int = 0, sends: str = "mean_field", u=None, lam: float | None = None,
-            generator: torch.Generator | None = None) -> dict:
+            generator: torch.Generator | None = None, step_by_step: bool = False) -> dict:
     """Run ``net`` for ``T`` control steps with constant decisions and return its KPIs.
 
     :input p: ``[E, R]`` send probability per control step, in [0, 1].
@@ -34,6 +34,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     rollout's end, unless :meth:`DiffFluid.reset`) is taken as a constant, as after
     :meth:`DiffFluid.detach`, so a second rollout backpropagates without the first one's graph.
     Backpropagation through time across calls: ``net.step`` / ``net.advance`` in a loop.
+    :param step_by_step: run ``net.advance`` step by step even where the model runs a rollout as one
+        node (:attr:`DiffFluid.fused_rollout`: QAD); the same KPIs (to time or check the step).
 
     :output: per robot ``[E, R]``: ``delay, delivery, aoi, energy_j`` and the totals
         ``offered, delivered, delay_sum, timeouts, overflow, queued_msgs``; batch means
@@ -47,6 +49,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         raise TypeError(f"net: expected a DiffFluid, got {type(net).__name__}")
     if sends not in SENDS:
         raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SENDS)}")
+    if not isinstance(step_by_step, bool):
+        raise TypeError(f"step_by_step: expected a bool, got {type(step_by_step).__name__}")
     E, R, dt, dev = net.E, net.R, net.dtype, net.device
     check_horizon(T, warmup)
     p = _validate.per_robot(p, "p", E, R, dt, dev)
@@ -66,7 +70,7 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         send = relax.relaxed_bernoulli(p, u[:T], lam)  # [T, E, R], as T draws from u[t]
     else:
         send = (u[:T] < p).to(dt)
-    if net.fused_rollout:  # QAD, eager: the whole rollout as one node (the same steps)
+    if net.fused_rollout and not step_by_step:  # QAD: the whole rollout as one node (the same steps)
         acc.set_totals(*net.advance_rollout(send, step_inputs, T, warmup), num_seen=T)
         return acc.result()
     for t in range(T):
