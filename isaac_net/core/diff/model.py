@@ -508,9 +508,8 @@ class DiffFluid:
         side by side: 0.067 against 0.078 s at E = 256, 0.18 against 0.28 s at 1024, 0.74 against
         1.20 s at 4096), so compiling would cost its warm-up for nothing; a step loop
         (:meth:`step`, :meth:`advance`) still runs the compiled step."""
-        if self.compile and self.device.type == "cpu":
-            return _qa_fused(self.mode, False, self.tau, self.tau_n, self.slots)
-        return _qa_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots)
+        compiled = self.compile and self.device.type != "cpu"
+        return _qa_fused(self.mode, compiled, self.tau, self.tau_n, self.slots)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).

@@ -398,7 +398,7 @@ class Estimate(typing.NamedTuple):
     # The same with the envs last, for the allocation (l2_mechanisms.pf_allocate_envs_last).
     se_t: torch.Tensor  # [R, S, E]
     pf_order: mech.PfOrder  # [R, S, E] each
-    cap_t: torch.Tensor  # [R, S + 1, E] with 0..S subbands (cap(0) = 0: a non-empty buffer needs 1 or more)
+    cap_t: torch.Tensor  # [R, S, E]
     max_sb_t: torch.Tensor  # [R, E] long
 
 
@@ -411,11 +411,10 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
 
     :output: ``(grant, need, metric)``, ``need`` ``[E, R]`` long, ``metric`` ``[E, R, S]``.
     """
-    # mech.subbands_needed and mech.pf_allocate with the envs last (the same integers and floats).
+    # The allocation with the envs last (the same integers and floats as in [E, R, S]).
     # (Transposed [E, R] operands made contiguous first: a strided operand costs more at large E.)
     known_t = known.masked_fill(hq_then.active, 0.0).t().contiguous()  # [R, E]
-    # The capacities with 0..S subbands below the buffer: the fewest that cover it (0 for an empty buffer).
-    need_t = torch.minimum(mech.count_true(est.cap_t < known_t.unsqueeze(1), 1), est.max_sb_t)
+    need_t = mech.subbands_needed(known_t, est.cap_t, est.max_sb_t, dim=1)
     metric_t = est.se_t / avg_thr.clamp(min=1e-3).t().contiguous().unsqueeze(1)
     is_free_t = mech.to_envs_last(hq_then.sb).view(torch.uint8).amax(0) == 0  # [S, E]
     alloc_t = mech.pf_allocate_envs_last(metric_t, need_t, is_free_t, pf_rounds, est.pf_order,
@@ -535,10 +534,8 @@ class NetL2Legacy(DiscreteLevel):
         order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
         cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
                                                 self._gap_lin, self._min_sinr_lin, self.cfg.num_subbands)
-        cap_t = mech.to_envs_last(cap)
-        cap_t = torch.cat([torch.zeros_like(cap_t[:, :1]), cap_t], 1)
         return Estimate(x_est, se_est, order, cap, max_sb, mech.to_envs_last(se_est), mech.PfOrder.of(order),
-                        cap_t, max_sb.t().contiguous())
+                        mech.to_envs_last(cap), max_sb.t().contiguous())
 
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:

@@ -140,14 +140,18 @@ def capacity_by_subbands(sinr1_lin: torch.Tensor, bytes_per_sb_se: float, se_max
     return cap, torch.count_nonzero(x >= min_sinr_lin, -1).clamp_(min=1)
 
 
-def subbands_needed(known_bytes: torch.Tensor, cap: torch.Tensor, max_sb: torch.Tensor) -> torch.Tensor:
+def subbands_needed(known_bytes: torch.Tensor, cap: torch.Tensor, max_sb: torch.Tensor,
+                    dim: int = -1) -> torch.Tensor:
     """Fewest subbands whose capacity covers the known buffer, at most ``max_sb`` (0 when empty).
 
     :input known_bytes: ``[E, R]`` bytes the gNB knows of. :input cap: ``[E, R, S]`` from
         :func:`capacity_by_subbands`. :input max_sb: ``[E, R]`` long.
-    :output: ``[E, R]`` long.
+    :param dim: the subbands' dimension of ``cap`` (``known_bytes`` and ``max_sb`` lack it): the
+        default for ``[E, R, S]``, 1 for the allocation's envs-last layout (``cap`` ``[R, S, E]``,
+        the others ``[R, E]``).
+    :output: ``[E, R]`` (or ``[R, E]``) long.
     """
-    need = torch.minimum(torch.count_nonzero(cap < known_bytes.unsqueeze(-1), -1) + 1, max_sb)
+    need = torch.minimum(count_true(cap < known_bytes.unsqueeze(dim), dim) + 1, max_sb)
     return need * (known_bytes > 0)
 
 
