@@ -53,6 +53,25 @@ def test_fit_recovers_constants_from_a_calibrated_fluid_target():
     assert cal.snr_offset_db == pytest.approx(-6.0, abs=0.5)
     assert cal.train_loss < 1e-3 < cal.uncalibrated_train_loss
     assert cal.heldout_loss is None
+    assert cal.tau == 0.05 and cal.setup["search"]["tau"] == [0.05]  # no temperatures to search: the fit's
+
+
+def test_fit_chooses_the_temperature_of_the_target():
+    """Targets made by the fluid model at tau = 0.2 with known constants: from the temperatures 0.05 and
+    0.2 the fit takes 0.2 and lands on the constants; the plain model's loss stays at the fit's tau."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16)
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
+                                                       dataclasses.replace(CellConfig(), **truth),
+                                                       tau=0.2, lam=0.1).items()}
+    search = {**TINY["search"], "tau": (0.05, 0.2)}
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **{**TINY, "envs": 2, "search": search})
+    assert cal.tau == 0.2 and cal.sr_slots == 16
+    assert cal.rate_factor == pytest.approx(0.7, rel=0.05)
+    assert cal.train_loss < 1e-3
+    assert cal.setup["tau"] == 0.05 and cal.setup["search"]["tau"] == [0.05, 0.2]
+    plain = calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05, lam=0.1)
+    assert cal.uncalibrated_train_loss == pytest.approx(float(calibrate._loss(plain, target)[0]), rel=1e-6)
 
 
 def test_gradient_check_flags_an_exploding_backpropagation_and_passes_a_stable_one():
@@ -102,7 +121,8 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
     assert cal.setup["gradient_checks"] == 2
 
     monkeypatch.setattr(calibrate, "gradient_check", _fake_check({4, 16}))
-    with pytest.warns(UserWarning, match="no latency floor of \\[4, 16\\] passes the gradient check"):
+    match = "no latency floor of \\[4, 16\\] at a temperature of \\[0.05\\] passes the gradient check"
+    with pytest.warns(UserWarning, match=match):
         flagged = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
     assert flagged.sr_slots == 16 and not flagged.gradient_check["stable"]
     assert [r["sr_slots"] for r in flagged.gradient_check["rejected"]] == [4]
@@ -142,6 +162,14 @@ def test_save_load_several_and_clear_errors(fitted, tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))  # written before the check existed: loads, None
     old_cal = calibrate.Calibration.load(tmp_path / "old.json", mode="QA", sends="relaxed")
     assert old_cal.gradient_check is None
+    no_tau = {**data, "calibrations": [{k: v for k, v in e.items() if k != "tau"}
+                                       for e in data["calibrations"]]}
+    (tmp_path / "no_tau.json").write_text(json.dumps(no_tau))  # before the temperature was fitted: the fit's
+    no_tau_cal = calibrate.Calibration.load(tmp_path / "no_tau.json", mode="QA", sends="relaxed")
+    assert no_tau_cal.tau == fitted.setup["tau"] == 0.05
+    for bad in (0.0, -0.1, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="tau: expected a finite temperature > 0"):
+            dataclasses.replace(fitted, tau=bad)
     assert calibrate.Calibration.load(path, mode="L1", sends="mean_field").rate_factor == 0.5
     missing = r"no calibration for mode='L1', sends='relaxed'.*\(L1, mean_field\)"
     with pytest.raises(ValueError, match=missing):
@@ -182,6 +210,7 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(cfg=CellConfig(rate_factor=0.5)), "cfg: expected the plain cell"),
     (dict(model_envs=5), r"model_envs: expected an integer in \[1, envs=3\]"),
     (dict(search={"sr_slots": {"QA": (0, 99)}}), r"search: latency floors must lie in \[0, num_slots=40\]"),
+    (dict(search={"tau": (0.05, 0.0)}), r"search: temperatures \(tau\) must be finite and > 0"),
     (dict(grid=()), "points: expected at least one operating point"),
     (dict(grid=((1.5, 1000.0, 23.0),)), "points: expected"),
 ])

@@ -234,24 +234,27 @@ def calibration_artifact() -> dict:
            "heldout": {"p": [0.5], "sizes_bytes": [12000], "tx_dbm": [18.0]},
            "sweep": {"p": [0.2, 0.8], "sizes_bytes": [12000, 20000], "tx_dbm": [23.0]},
            "search": {"rate_factor": [0.5, 1.0], "snr_offset_db": [-4.0, 0.0], "sr_slots": {"L1": [0, 16]},
-                      "refine_top": 1, "refine_evals": 30}, "cell": {}}
+                      "tau": [0.05, 0.2], "refine_top": 1, "refine_evals": 30}, "cell": {}}
     setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5,
                               "delivery_ratio": 1.0},
              "delivery_unit": 0.1, "evaluations": 38}
     row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508,
-           "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "train_loss_uncalibrated": 18.1,
+           "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "tau": 0.2,
+           "train_loss_uncalibrated": 18.1,
            "train_loss": 0.257,
            "heldout_loss_uncalibrated": 24.6, "heldout_loss": 0.222, "evaluations": 38, "wall_fit_s": 96.5,
            "sweep_loss_uncalibrated": 20.5, "sweep_loss": 0.31,
            "gradient_check": {"stable": True, "worst_error": 12.5, "kpi": "mean_delay",
                               "point": [0.8, 30000.0, 23.0], "autograd": -3.5, "fd": -2.25, "h": 0.02,
                               "max_error": 100.0, "kpi_floor": 0.1,
-                              "rejected": [{"sr_slots": 24, "rate_factor": 0.51, "snr_offset_db": -2.7,
+                              "rejected": [{"sr_slots": 24, "tau": 0.1, "rate_factor": 0.51,
+                                            "snr_offset_db": -2.7,
                                             "train_loss": 0.25, "worst_error": 6.5e6, "kpi": "delivery_ratio",
                                             "point": [0.1, 6000.0, 23.0]}]}}
     return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
             "summary": {"models": 1, "grid_points": 4, "heldout_points": 1, "envs_per_point": 16,
-                        "model_envs_per_point": 4, "R": 8, "T": 60, "warmup": 10, "tau": 0.05, "lam": 0.1,
+                        "model_envs_per_point": 4, "R": 8, "T": 60, "warmup": 10, "tau": 0.05,
+                        "lam": 0.1,
                         "area_lo_m": 40.0, "area_hi_m": 140.0, "all_improve_sweep": True, "sweep_points": 4,
                         "worst_heldout_loss": 0.222, "all_improve_heldout": True,
                         "all_gradients_stable": True, "floors_rejected": 1},
@@ -420,12 +423,16 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "load average 0.25 at the start and 0.75 at the end, wall time 12.5 s" in sens
 
     cal = section(page, "## Calibration to L2-legacy")
-    assert ("| L1D relaxed | 0.508 | -2.63 | 16 (`l1_sr_slots`) | 18.1 | 0.257 | 24.6 | 0.222 | 38 | "
+    assert ("| L1D relaxed | 0.508 | -2.63 | 16 (`l1_sr_slots`) | 0.2 | 18.1 | 0.257 | 24.6 | 0.222 | 38 | "
             "passed (12.5) |") in cal
+    assert "uncalibrated at tau = 0.05 (the studies' temperature)" in cal
+    assert "× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2; each pair" in cal
+    assert 'DiffFluid(E, R, mode="L1", tau=cal.tau, cfg=cal.apply(CellConfig(), R=R))' in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "
             "(|FD| + 0.1 |KPI|); at most 100 passes.") in cal
-    assert ("Set aside by the check: L1D relaxed with a floor of 24 slots (training loss 0.25, lower than "
-            "the kept one's; worst error 6.5e6, in d delivery / d p at p = 0.1, 6000 bytes, 23 dBm).") in cal
+    assert ("Set aside by the check: L1D relaxed with a floor of 24 slots at tau = 0.1 (training loss 0.25, "
+            "lower than the kept one's; worst error 6.5e6, in d delivery / d p at p = 0.1, 6000 bytes, "
+            "23 dBm).") in cal
     assert "No floor of" not in cal
     assert "Fit times on one core: L1D relaxed 96.5 s." in cal
     assert "Every model's held-out loss falls with its calibration" in cal

@@ -60,6 +60,30 @@ def test_sensitivity_runs_and_reports_every_row():
     assert {r["verdict"] for r in out["rows"]} <= set(sensitivity.VERDICTS)
 
 
+def test_sensitivity_runs_a_calibrated_model_at_its_own_temperature(monkeypatch):
+    """The calibrated column runs the calibration's cell at ``cal.tau``; the plain one at the stage's tau."""
+    from isaac_net.core import CellConfig
+
+    class FakeCal:
+        tau = 0.3
+
+        def apply(self, cfg, **kw):
+            return CellConfig(rate_factor=0.5)
+
+    real, seen = sensitivity.model_gradients, []
+
+    def spy(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg):
+        seen.append((sends, tau, cfg.rate_factor))
+        return real(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg)
+
+    monkeypatch.setattr(sensitivity, "model_gradients", spy)
+    heavy = [op for op in CI["sensitivity"]["ops"] if op["name"] == "heavy"]
+    params = tiny("sensitivity", level="L1", n_seeds=2, T=4, warmup=1, modes=["QA"], sends=["rb"], n_boot=20,
+                  ops=heavy, tau=0.05)
+    sensitivity.compute_op(params, "heavy", {("QA", "rb"): FakeCal()}, progress=False)
+    assert seen == [("rb", 0.05, 1.0), ("rb", 0.3, 0.5)]
+
+
 def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
     from isaac_net.core.diff.reference import discrete_rollout
 
@@ -95,6 +119,10 @@ def test_anneal_is_geometric():
     assert _optimise.anneal(0.2, 0.02, 0, 150) == pytest.approx(0.2)
     assert _optimise.anneal(0.2, 0.02, 149, 150) == pytest.approx(0.02)
     assert _optimise.anneal(0.2, 0.02, 1, 3) == pytest.approx(math.sqrt(0.2 * 0.02))
+    # a calibrated model stays at the temperature it was fitted at once the schedule reaches it
+    floored = [_optimise.anneal(0.2, 0.02, i, 3, tau_min=0.1) for i in range(3)]
+    assert floored == pytest.approx([0.2, 0.1, 0.1])
+    assert _optimise.anneal(0.2, 0.02, 0, 1, tau_min=0.3) == 0.3
 
 
 @pytest.mark.parametrize("study", ["opt_rates", "placement"])

@@ -59,11 +59,11 @@ def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) ->
     return {k: torch.cat([p[k] for p in parts]).cpu().double() for k in KPIS}
 
 
-def anneal(tau_start: float, tau_end: float, i: int, n: int) -> float:
-    """Geometric schedule from ``tau_start`` (i = 0) to ``tau_end`` (i = n - 1)."""
+def anneal(tau_start: float, tau_end: float, i: int, n: int, tau_min: float = 0.0) -> float:
+    """Geometric schedule from ``tau_start`` (i = 0) to ``tau_end`` (i = n - 1), not below ``tau_min``."""
     if n <= 1:
-        return tau_end
-    return tau_start * (tau_end / tau_start) ** (i / (n - 1))
+        return max(tau_end, tau_min)
+    return max(tau_start * (tau_end / tau_start) ** (i / (n - 1)), tau_min)
 
 
 def scenario(E: int, R: int, params: dict, dtype, device="cpu") -> dict:
@@ -115,10 +115,12 @@ def _proxy_cost(proxy, dec: dict, cfg, cost: dict) -> torch.Tensor:
 
 
 def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cfg, proxy=None,
-                 progress=True) -> tuple[dict, list]:
+                 tau_min: float = 0.0, progress=True) -> tuple[dict, list]:
     """Adam through the model ``spec`` (its config ``cfg``, calibrated or not) or, with
-    ``spec["proxy"]``, through ``proxy``. ``decisions(theta) -> dec``; returns the final decisions
-    and a history of (iteration, model cost, tau[, held-out cost on ``level``])."""
+    ``spec["proxy"]``, through ``proxy``, ``tau`` annealed from ``tau_start`` to ``tau_end`` but
+    not below ``tau_min`` (a calibrated model's fitted temperature: colder, it leaves the operating
+    point it was fitted at). ``decisions(theta) -> dec``; returns the final decisions and a
+    history of (iteration, model cost, tau[, held-out cost on ``level``])."""
     from isaac_net.core.diff import DiffFluid, rollout
 
     dtype, dev = sc["B"].dtype, sc["B"].device
@@ -131,7 +133,7 @@ def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cf
     name = model_name(spec)
     it = range(n_it) if not progress else tqdm(range(n_it), desc=name, mininterval=2.0)
     for i in it:
-        tau = anneal(float(params["tau_start"]), float(params["tau_end"]), i, n_it)
+        tau = anneal(float(params["tau_start"]), float(params["tau_end"]), i, n_it, tau_min)
         dec = decisions(theta)
         if spec.get("proxy"):
             cost = _proxy_cost(proxy, dec, cfg, params["cost"])
@@ -279,14 +281,14 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
     area = params.get("area_m", [40.0, 140.0])
     sols, hist, wall = {"start": start}, {}, {}
     for spec in specs:
-        mcfg = cfg
+        mcfg, tau_min = cfg, 0.0
         if spec.get("calibrated"):
             cal = Calibration.load(calibration, mode=spec["mode"], sends=spec["sends"])
-            mcfg = cal.apply(cfg, R=R, area_m=area)
+            mcfg, tau_min = cal.apply(cfg, R=R, area_m=area), cal.tau
         t0 = time.perf_counter()
         name = model_name(spec)
         sols[name], hist[name] = gradient_opt(sc, params, decisions, spec, cfg=mcfg, level_cfg=cfg,
-                                              proxy=proxy, progress=progress)
+                                              proxy=proxy, tau_min=tau_min, progress=progress)
         wall[name] = time.perf_counter() - t0
     t0 = time.perf_counter()
     sols["random search"] = random_search(sc, params, _Sampler(decisions), progress, level_cfg=cfg)

@@ -111,8 +111,9 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     sweep, _ = _problem(params, "sweep")
     sweep = sweep.first(int(params["model_envs"]))
     curves = {}
-    for name, c in (("uncalibrated", cfg), ("calibrated", cal.apply(cfg))):
-        k = calibrate.model_kpis(mode, sends, sweep, c, tau=float(params["tau"]), lam=float(params["lam"]))
+    # Each at its own temperature: the plain model at the studies', the calibrated one at its fitted.
+    for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
+        k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]))
         curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
     stage.write_json(
         out["json"], {"model": model, "calibration": cal.to_dict(), "sweep": curves, "wall_fit_s": wall_fit}
@@ -153,6 +154,7 @@ def merge(stage, params: dict, out: dict) -> None:
                 "snr_offset_db": c["snr_offset_db"],
                 "sr_field": calibrate.sr_field(c["mode"]),
                 "sr_slots": c["sr_slots"],
+                "tau": calibrate.Calibration.from_dict(c).tau,
                 "train_loss_uncalibrated": c["uncalibrated_train_loss"],
                 "train_loss": c["train_loss"],
                 "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"],

@@ -15,7 +15,8 @@ means; delay and AoI in control steps, energy in J per robot per step).
 Gradient: Adam on unconstrained parameters (``p = lo + (hi - lo) sigmoid(theta)``, same
 for tx power) through each model of ``models`` (``mode``, ``sends``, with or without its
 calibration; relaxed-Bernoulli sends with fresh uniforms each iteration, ``tau`` annealed
-geometrically from ``tau_start`` to ``tau_end``) and, with ``proxy``, through the neural
+geometrically from ``tau_start`` to ``tau_end``, a calibrated model's not below its fitted
+``Calibration.tau``) and, with ``proxy``, through the neural
 proxy's per-robot KPIs (no sends: the proxy predicts expectations). Random search:
 ``candidates`` uniform draws of the decisions per env, each scored on ``level`` with the
 training sends; the best per env is kept. Uniform policy: every (p, tx) of ``uniform`` for

@@ -19,9 +19,10 @@ whose uniform lies within ``h`` of ``p`` change, so the step must be large enoug
 many to (the default 0.05 changes about 10 % of the sends).
 
 Every model runs uncalibrated and with its calibration (``calibration.json`` of the
-calibrate stage, ``Calibration.apply``). The operating points are the stage points (light
-and heavy load) and held-out points outside the calibration's training envelope (more
-robots per cell, a far area, the opt_rates start), flagged ``held_out``.
+calibrate stage, ``Calibration.apply``, at the temperature it was fitted at,
+``Calibration.tau``). The operating points are the stage points (light and heavy load) and
+held-out points outside the calibration's training envelope (more robots per cell, a far
+area, the opt_rates start), flagged ``held_out``.
 
 Comparison per row: sign agreement of the model's mean with the FD mean (counted only
 where the FD differs from zero by more than two standard errors; a model gradient below
@@ -202,11 +203,12 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     t1 = time.perf_counter()
     grads, mvals = {}, {}
     for mode, sends, calibrated in (models if not progress else bar(models, desc=f"models {op_name}")):
-        mcfg = cfg
-        if calibrated:
-            mcfg = cals[(mode, sends)].apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0]))
+        mcfg, tau = cfg, float(params["tau"])
+        if calibrated:  # the calibrated model at the temperature it was fitted at
+            cal = cals[(mode, sends)]
+            mcfg, tau = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0])), cal.tau
         grads[(mode, sends, calibrated)], mvals[(mode, sends, calibrated)] = model_gradients(
-            base, mode, sends, n_seeds, T, warmup, float(params["tau"]), float(params["lam"]), mcfg)
+            base, mode, sends, n_seeds, T, warmup, tau, float(params["lam"]), mcfg)
     t2 = time.perf_counter()
     values = {"op": op_name, "held_out": bool(op.get("held_out", False)), "p": float(op["p"]), "R": R,
               "sizes_bytes": [float(b) for b in op["sizes_bytes"]], "tx_dbm": float(op.get("tx_dbm", 23.0)),

@@ -9,19 +9,26 @@ gradients of another operating point. A calibration fits three effective constan
 * ``rate_factor``: a capacity factor on the bytes a backlogged robot is served;
 * ``snr_offset_db``: added to the SNR that sets the spectral efficiency (and QA's headroom
   cap); the transmit energy keeps the true power;
-* the latency floor, ``l1_sr_slots`` for L1D and ``qa_sr_slots`` for QAD (``sr_slots`` here).
+* the latency floor, ``l1_sr_slots`` for L1D and ``qa_sr_slots`` for QAD (``sr_slots`` here);
+
+and, beside them, the relaxation temperature ``tau`` the model runs at (``Calibration.tau``,
+chosen from ``search["tau"]``). The fluid has no variance: below saturation it delivers every
+message, so its delivery and AoI slopes to size, power and distance are ~0 where L2-legacy's
+(fading, HARQ, queue fluctuations) are not. A larger temperature smooths the completion, buffer
+and deadline steps as a spread of service times would; its level is fitted like the constants,
+on the training points' KPIs, never on the points the gradients are evaluated at.
 
 The fit is forward-only and robust: with mean-field sends near critical load the KPI
 gradients with respect to the constants reach 1e9, so a gradient-only fit diverges.
 A coarse grid over the three constants is evaluated in a few batched rollouts (the
 candidates' capacity factor and SNR offset enter exactly through the inputs: bytes
 ``B / rate_factor`` and SNR ``snr_db + offset`` give the same service as the constants),
-then the best latency floors are refined with Nelder-Mead on (log rate_factor, offset)
-with the constants themselves. The fitted constants must give usable gradients: at every
-training point the rollout's autograd derivative in p is checked against the model's own finite
-difference (:func:`gradient_check`); a latency floor whose backpropagation through time
+one grid per (latency floor, temperature); then the best pairs are refined with Nelder-Mead on
+(log rate_factor, offset) with the constants themselves. The fitted constants must give usable
+gradients: at every training point the rollout's autograd derivative in p is checked against the
+model's own finite difference (:func:`gradient_check`); a pair whose backpropagation through time
 explodes (measured: L1D with mean-field sends and a floor of 24-32 slots at ``tau = 0.05``) is set
-aside and the next floor is refined. The loss per operating point is the squared log error of
+aside and the next pair is refined. The loss per operating point is the squared log error of
 delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``) plus the delivery-ratio
 error in units of 0.1; it is fitted on a training grid and reported on held-out points.
 
@@ -30,7 +37,7 @@ Usage::
     from isaac_net.core.diff import calibrate
     cal = calibrate.fit("L1", "relaxed", grid=calibrate.product_grid([0.1, 0.4, 0.8], [6e3, 30e3], [23.0]),
                         R=8)
-    cfg = cal.apply(CellConfig())          # a CellConfig for DiffFluid(..., cfg=cfg)
+    net = DiffFluid(E, R, "cpu", mode="L1", tau=cal.tau, cfg=cal.apply(CellConfig()))  # as fitted
     cal.save("calibration.json")
     cal = calibrate.Calibration.load("calibration.json", mode="L1", sends="relaxed")
 """
@@ -68,7 +75,8 @@ SEARCH = {
     "rate_factor": (0.3, 0.45, 0.6, 0.8, 1.0),
     "snr_offset_db": (-12.0, -8.0, -4.0, 0.0, 4.0),
     "sr_slots": {"L1": (0, 8, 16, 24, 32), "QA": (0, 8, 16, 24, 32)},
-    "refine_top": 2,  # latency floors refined by Nelder-Mead
+    "tau": None,  # relaxation temperatures to choose from (None: the fit's ``tau`` only)
+    "refine_top": 2,  # (latency floor, temperature) pairs refined by Nelder-Mead
     "refine_evals": 30,  # loss evaluations per refinement
     # The gradient check of the fitted constants (``gradient_check``): the half step in p of the
     # model's own finite difference, and the largest error of autograd against it (in units of
@@ -328,13 +336,17 @@ class Calibration:
 
     :field rate_factor, snr_offset_db, sr_slots: the constants (``sr_slots``: ``l1_sr_slots``
         for L1D, ``qa_sr_slots`` for QAD).
+    :field tau: the relaxation temperature they were fitted at, the model's to run at:
+        ``DiffFluid(..., tau=cal.tau, cfg=cal.apply(cfg))`` (another temperature moves the operating
+        point). A file written before the temperature was fitted gives the fit's ``setup["tau"]``.
     :field train_loss, heldout_loss: mean point loss on the training grid and on the held-out
         points (None without them), calibrated; ``uncalibrated_*``: the same for the plain model.
     :field grid, heldout_grid: the points ``(p, msg_bytes, tx_dbm)``.
     :field R, area_m: robots per cell and the square of the positions, m.
     :field cell, l2_config: the ``CellConfig`` the constants apply to and the ``L2LegacyConfig``
         they were fitted against, as dicts.
-    :field setup: the fit's settings (T, warmup, tau, lam, envs, seed, search grid, loss weights).
+    :field setup: the fit's settings (T, warmup, the plain model's tau, lam, envs, seed, search
+        grid, loss weights).
     :field gradient_check: :func:`gradient_check` of the constants on the training points (``stable``,
         the worst error and where) and the floors ``rejected`` for unusable gradients (None in a
         file written before the check existed).
@@ -357,7 +369,14 @@ class Calibration:
     l2_config: dict
     setup: dict
     gradient_check: dict | None = None
+    tau: float | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.tau is None:  # a file from before the temperature was fitted: the fit's own
+            object.__setattr__(self, "tau", float(self.setup["tau"]))
+        if not (isinstance(self.tau, (int, float)) and math.isfinite(self.tau) and self.tau > 0):
+            raise ValueError(f"tau: expected a finite temperature > 0, got {self.tau!r}")
 
     @property
     def constants(self) -> dict:
@@ -376,7 +395,8 @@ class Calibration:
         area_m=None,
         l2_config: L2LegacyConfig | None = None,
     ) -> CellConfig:
-        """``cfg`` (default ``CellConfig()``) with this calibration's constants.
+        """``cfg`` (default ``CellConfig()``) with this calibration's constants; run the model at
+        :attr:`tau` (the temperature is the model's, not the cell's).
 
         Name what it is used for to have it checked: another ``R`` or ``area_m`` than fitted for
         is allowed and warns once (the held-out points measure how well it transfers); a cell
@@ -406,7 +426,8 @@ class Calibration:
         cell_diff = sorted(k for k in mine if mine[k] != base.get(k))
         if cell_diff:
             differs.append(f"cell constants {', '.join(cell_diff)} differ from those fitted on")
-        key = (self.mode, self.sends, self.rate_factor, self.snr_offset_db, self.sr_slots, tuple(differs))
+        key = (self.mode, self.sends, self.rate_factor, self.snr_offset_db, self.sr_slots, self.tau,
+               tuple(differs))
         if differs and key not in _WARNED:
             _WARNED.add(key)
             warnings.warn(
@@ -422,7 +443,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict, source: str = "the dict") -> "Calibration":
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d and n not in ("provenance", "gradient_check")]
+        missing = [n for n in names if n not in d and n not in ("provenance", "gradient_check", "tau")]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
         kw = {n: d[n] for n in names if n in d}
@@ -534,6 +555,9 @@ def fit(
     :param targets, heldout_targets: ``level``'s KPIs from :func:`measure` on
         ``problem(grid, ...)`` / ``problem(heldout, ...)`` with the same settings (computed here
         when None; pass them to fit several models against one measurement).
+    :param tau: the relaxation temperature of the plain model (its loss, ``uncalibrated_*``) and of
+        the fit when ``search["tau"]`` is None; ``search["tau"]``: the temperatures the fit
+        chooses from (``Calibration.tau``).
     :param search: overrides of ``SEARCH``.
     """
     _check_model(mode, sends)
@@ -551,6 +575,9 @@ def fit(
         raise ValueError(
             f"search: latency floors must lie in [0, num_slots={cfg.num_slots}], got {list(floors)}"
         )
+    taus = tuple(float(t) for t in (sp["tau"] if sp.get("tau") is not None else (tau,)))
+    if not taus or any(not (math.isfinite(t) and t > 0) for t in taus):
+        raise ValueError(f"search: temperatures (tau) must be finite and > 0, got {list(taus)}")
     kw = dict(R=R, area_m=area_m, envs=envs, T=T, warmup=warmup)
     train = problem(grid, seed=seed, **kw)
     if targets is None:
@@ -559,39 +586,39 @@ def fit(
     if held is not None and heldout_targets is None:
         heldout_targets = measure(held, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed + 1)
     m_train = train.first(model_envs)
-    opts = dict(tau=tau, lam=lam)
 
     def with_constants(eta, off, L):
         return dataclasses.replace(
             cfg, rate_factor=float(eta), snr_offset_db=float(off), **{sr_field(mode): int(L)}
         )
 
-    # 1. Coarse grid: one batched rollout per latency floor.
+    # 1. Coarse grid: one batched rollout per (latency floor, temperature).
     cands = list(itertools.product(sp["rate_factor"], sp["snr_offset_db"]))
-    coarse = []
-    bar = _bar(floors, progress, f"calibrate {mode}D {sends}: grid")
-    for L in bar:
-        losses = _loss(
-            model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L), candidates=cands, **opts), targets
-        )
-        coarse += [(float(v), eta, off, int(L)) for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
+    coarse = []  # (loss, rate factor, offset, floor, tau)
+    bar = _bar(list(itertools.product(floors, taus)), progress, f"calibrate {mode}D {sends}: grid")
+    for L, t in bar:
+        losses = _loss(model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L), candidates=cands,
+                                  tau=t, lam=lam), targets)
+        coarse += [(float(v), eta, off, int(L), t)
+                   for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
     coarse.sort(key=lambda r: r[0])
 
-    # 2. Refinement of the best latency floors with the constants themselves.
+    # 2. Refinement of the best (floor, temperature) pairs with the constants themselves.
     from scipy.optimize import minimize
 
     tried = []
 
-    def refine(L: int) -> tuple:
-        """Nelder-Mead on (log rate factor, offset) at the floor ``L`` from its best grid point."""
-        start = next(r for r in coarse if r[3] == L)
+    def refine(pair: tuple) -> tuple:
+        """Nelder-Mead on (log rate factor, offset) at the floor and temperature ``pair`` from its
+        best grid point."""
+        L, t = pair
+        start = next(r for r in coarse if r[3:] == pair)
 
         def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
-            value = float(
-                _loss(model_kpis(mode, sends, m_train, with_constants(eta, z[1], L), **opts), targets)[0]
-            )
-            tried.append((value, eta, float(z[1]), L))
+            kpis = model_kpis(mode, sends, m_train, with_constants(eta, z[1], L), tau=t, lam=lam)
+            value = float(_loss(kpis, targets)[0])
+            tried.append((value, eta, float(z[1]), L, t))
             return value if math.isfinite(value) else 1e12
 
         res = minimize(
@@ -614,31 +641,33 @@ def fit(
             float(np.exp(np.clip(res.x[0], math.log(0.05), math.log(2.0)))),
             float(res.x[1]),
             L,
+            t,
         )
         if progress:
             print(
-                f"calibrate {mode}D {sends}: floor {L} slots -> loss {cand[0]:.4g} "
+                f"calibrate {mode}D {sends}: floor {L} slots, tau {t:g} -> loss {cand[0]:.4g} "
                 f"(rate factor {cand[1]:.3f}, offset {cand[2]:.2f} dB; {res.nfev} evaluations)",
                 flush=True,
             )
         return cand
 
     # 3. The gradient check: the refined constants with the lowest loss whose gradients are usable
-    # win. While every refined floor fails it, the next floor of the grid's ranking is refined.
-    ranking = list(dict.fromkeys(r[3] for r in coarse))
-    refined = [refine(L) for L in ranking[: int(sp["refine_top"])]]
+    # win. While every refined pair fails it, the next pair of the grid's ranking is refined.
+    ranking = list(dict.fromkeys(r[3:] for r in coarse))
+    refined = [refine(pair) for pair in ranking[: int(sp["refine_top"])]]
     pending = ranking[int(sp["refine_top"]):]
     checks: dict = {}
     best = None
     while best is None:
         for cand in sorted(refined, key=lambda c: c[0]):
             if cand not in checks:
-                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:]),
-                                              h=sp["gradient_h"], max_error=sp["gradient_max_error"], **opts)
+                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:4]), tau=cand[4],
+                                              lam=lam, h=sp["gradient_h"], max_error=sp["gradient_max_error"])
                 if progress:
                     c = checks[cand]
-                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, gradient check "
-                          f"{'passed' if c['stable'] else 'FAILED'} (worst error {c['worst_error']:.3g}: "
+                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, tau {cand[4]:g}, "
+                          f"gradient check {'passed' if c['stable'] else 'FAILED'} "
+                          f"(worst error {c['worst_error']:.3g}: "
                           f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']})",
                           flush=True)
             if checks[cand]["stable"]:
@@ -648,25 +677,26 @@ def fit(
             if not pending:
                 break
             refined.append(refine(pending.pop(0)))
-    if best is None:  # no floor gives usable gradients: the best fit, flagged
+    if best is None:  # no pair gives usable gradients: the best fit, flagged
         best = min(refined, key=lambda c: c[0])
-        warnings.warn(f"calibrate {mode}D {sends}: no latency floor of {list(floors)} passes the gradient "
-                      "check; the calibration is flagged (gradient_check.stable is False)", stacklevel=2)
+        warnings.warn(f"calibrate {mode}D {sends}: no latency floor of {list(floors)} at a temperature of "
+                      f"{list(taus)} passes the gradient check; the calibration is flagged "
+                      "(gradient_check.stable is False)", stacklevel=2)
     grad_check = {**checks[best], "rejected": [
-        {"sr_slots": c[3], "rate_factor": c[1], "snr_offset_db": c[2], "train_loss": c[0],
+        {"sr_slots": c[3], "tau": c[4], "rate_factor": c[1], "snr_offset_db": c[2], "train_loss": c[0],
          "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"]}
         for c in sorted(checks, key=lambda c: c[0]) if c != best and not checks[c]["stable"]]}
-    train_loss, eta, off, L = best
+    train_loss, eta, off, L, tau_fit = best
     fitted, plain = with_constants(eta, off, L), cfg
 
-    def loss_on(prob, tgt, c):
-        return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, **opts), tgt)[0])
+    def loss_on(prob, tgt, c, t):
+        return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, tau=t, lam=lam), tgt)[0])
 
-    uncal_train = loss_on(train, targets, plain)
+    uncal_train = loss_on(train, targets, plain, tau)
     heldout_loss = uncal_heldout = None
     if held is not None:
-        heldout_loss = loss_on(held, heldout_targets, fitted)
-        uncal_heldout = loss_on(held, heldout_targets, plain)
+        heldout_loss = loss_on(held, heldout_targets, fitted, tau_fit)
+        uncal_heldout = loss_on(held, heldout_targets, plain, tau)
     setup = {
         "level": level,
         "T": T,
@@ -676,7 +706,7 @@ def fit(
         "envs": envs,
         "model_envs": model_envs,
         "seed": seed,
-        "search": {**sp, "sr_slots": list(floors)},
+        "search": {**sp, "sr_slots": list(floors), "tau": list(taus)},
         "loss_weights": LOSS_WEIGHTS,
         "delivery_unit": DELIVERY_UNIT,
         "evaluations": len(coarse) + len(tried),
@@ -705,6 +735,7 @@ def fit(
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)),
         setup=_jsonable(setup),
         gradient_check=_jsonable(grad_check),
+        tau=tau_fit,
         provenance=prov,
     )
 
