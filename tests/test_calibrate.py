@@ -142,6 +142,10 @@ def test_apply_gives_a_config_the_models_and_levels_accept(fitted):
     assert cfg.l1_sr_slots == 0  # a QA calibration leaves L1's floor alone
     DiffFluid(2, 4, mode="QA", cfg=cfg)
     make_engine("QA", 2, 4, cfg=cfg)
+    net = fitted.model(2, 4, dtype=torch.float64)  # the model as fitted: its mode, temperature and cell
+    assert (net.mode, net.tau, net.dtype, net.cfg) == ("QA", fitted.tau, torch.float64, fitted.apply())
+    with pytest.raises(TypeError, match="model: mode and tau are the calibration's"):
+        fitted.model(2, 4, tau=0.01)
     with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
         make_engine("L2-legacy", 2, 4, cfg=dataclasses.replace(fitted.apply(), rate_factor=0.5))
 

@@ -427,7 +427,8 @@ def test_numbers_land_in_their_sections(tmp_path):
             "passed (12.5) |") in cal
     assert "uncalibrated at tau = 0.05 (the studies' temperature)" in cal
     assert "× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2; each pair" in cal
-    assert 'DiffFluid(E, R, mode="L1", tau=cal.tau, cfg=cal.apply(CellConfig(), R=R))' in cal
+    assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.tau, '
+            'cfg=cal.apply(CellConfig(), R=R))`') in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "
             "(|FD| + 0.1 |KPI|); at most 100 passes.") in cal
     assert ("Set aside by the check: L1D relaxed with a floor of 24 slots at tau = 0.1 (training loss 0.25, "

@@ -437,6 +437,17 @@ class Calibration:
             )
         return dataclasses.replace(cfg, **self.constants)
 
+    def model(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None, area_m=None,
+              l2_config: L2LegacyConfig | None = None, **kwargs) -> DiffFluid:
+        """The calibrated model as fitted: ``DiffFluid(E, R, device, mode=self.mode, tau=self.tau,
+        cfg=self.apply(cfg, R=R, area_m=area_m, l2_config=l2_config), **kwargs)`` (``kwargs``: the
+        rest of ``DiffFluid``'s, e.g. ``dtype``, ``compile``). Roll it out with ``sends=self.sends``."""
+        if "mode" in kwargs or "tau" in kwargs:
+            raise TypeError("model: mode and tau are the calibration's "
+                            "(build DiffFluid yourself to change them)")
+        return DiffFluid(E, R, device, mode=self.mode, tau=self.tau,
+                         cfg=self.apply(cfg, R=R, area_m=area_m, l2_config=l2_config), **kwargs)
+
     def to_dict(self) -> dict:
         return _jsonable(dataclasses.asdict(self))
 
