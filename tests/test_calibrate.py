@@ -54,22 +54,25 @@ def test_fit_recovers_constants_from_a_calibrated_fluid_target():
     assert cal.train_loss < 1e-3 < cal.uncalibrated_train_loss
     assert cal.heldout_loss is None
     assert cal.tau == 0.05 and cal.setup["search"]["tau"] == [0.05]  # no temperatures to search: the fit's
+    assert cal.qa_snr_req_db is None and "qa_snr_req_db" not in cal.constants  # not searched: the cell's
 
 
-def test_fit_chooses_the_temperature_of_the_target():
-    """Targets made by the fluid model at tau = 0.2 with known constants: from the temperatures 0.05 and
-    0.2 the fit takes 0.2 and lands on the constants; the plain model's loss stays at the fit's tau."""
-    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16)
+def test_fit_chooses_the_temperature_and_snr_requirement_of_the_target():
+    """Targets made by QAD at tau = 0.2 with known constants and a headroom requirement of 5 dB: from
+    the temperatures 0.05 and 0.2 and the requirements 15 and 5 dB the fit takes 0.2 and 5 dB and lands
+    on the constants; the plain model's loss stays at the fit's tau and the cell's requirement."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16, qa_snr_req_db=5.0)
     prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
     target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
                                                        dataclasses.replace(CellConfig(), **truth),
                                                        tau=0.2, lam=0.1).items()}
-    search = {**TINY["search"], "tau": (0.05, 0.2)}
+    search = {**TINY["search"], "tau": (0.05, 0.2), "qa_snr_req_db": (15.0, 5.0)}
     cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **{**TINY, "envs": 2, "search": search})
-    assert cal.tau == 0.2 and cal.sr_slots == 16
+    assert cal.tau == 0.2 and cal.sr_slots == 16 and cal.qa_snr_req_db == 5.0
     assert cal.rate_factor == pytest.approx(0.7, rel=0.05)
     assert cal.train_loss < 1e-3
     assert cal.setup["tau"] == 0.05 and cal.setup["search"]["tau"] == [0.05, 0.2]
+    assert cal.constants["qa_snr_req_db"] == 5.0 and cal.apply(CellConfig()).qa_snr_req_db == 5.0
     plain = calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05, lam=0.1)
     assert cal.uncalibrated_train_loss == pytest.approx(float(calibrate._loss(plain, target)[0]), rel=1e-6)
 
@@ -174,6 +177,12 @@ def test_save_load_several_and_clear_errors(fitted, tmp_path):
     for bad in (0.0, -0.1, float("nan"), "0.1"):
         with pytest.raises(ValueError, match="tau: expected a finite temperature > 0"):
             dataclasses.replace(fitted, tau=bad)
+    assert no_tau_cal.qa_snr_req_db is None  # nor the requirement: the cell's own
+    for bad in (float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="qa_snr_req_db: expected None or, for mode 'QA', a finite"):
+            dataclasses.replace(fitted, qa_snr_req_db=bad)
+    with pytest.raises(ValueError, match="qa_snr_req_db: expected None or, for mode 'QA'"):
+        dataclasses.replace(fitted, mode="L1", qa_snr_req_db=5.0)  # L1D has no headroom rule
     assert calibrate.Calibration.load(path, mode="L1", sends="mean_field").rate_factor == 0.5
     missing = r"no calibration for mode='L1', sends='relaxed'.*\(L1, mean_field\)"
     with pytest.raises(ValueError, match=missing):
@@ -215,6 +224,7 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(model_envs=5), r"model_envs: expected an integer in \[1, envs=3\]"),
     (dict(search={"sr_slots": {"QA": (0, 99)}}), r"search: latency floors must lie in \[0, num_slots=40\]"),
     (dict(search={"tau": (0.05, 0.0)}), r"search: temperatures \(tau\) must be finite and > 0"),
+    (dict(search={"qa_snr_req_db": (15.0, float("nan"))}), r"search: SNR requirements \(qa_snr_req_db\)"),
     (dict(grid=()), "points: expected at least one operating point"),
     (dict(grid=((1.5, 1000.0, 23.0),)), "points: expected"),
 ])

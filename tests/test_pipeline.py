@@ -234,12 +234,14 @@ def calibration_artifact() -> dict:
            "heldout": {"p": [0.5], "sizes_bytes": [12000], "tx_dbm": [18.0]},
            "sweep": {"p": [0.2, 0.8], "sizes_bytes": [12000, 20000], "tx_dbm": [23.0]},
            "search": {"rate_factor": [0.5, 1.0], "snr_offset_db": [-4.0, 0.0], "sr_slots": {"L1": [0, 16]},
-                      "tau": [0.05, 0.2], "refine_top": 1, "refine_evals": 30}, "cell": {}}
+                      "tau": [0.05, 0.2], "qa_snr_req_db": [15.0, 5.0], "refine_top": 1, "refine_evals": 30},
+           "cell": {}}
     setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5,
                               "delivery_ratio": 1.0},
              "delivery_unit": 0.1, "evaluations": 38}
     row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508,
-           "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "tau": 0.2,
+           "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "qa_snr_req_db": None,
+           "tau": 0.2,
            "train_loss_uncalibrated": 18.1,
            "train_loss": 0.257,
            "heldout_loss_uncalibrated": 24.6, "heldout_loss": 0.222, "evaluations": 38, "wall_fit_s": 96.5,
@@ -423,10 +425,11 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "load average 0.25 at the start and 0.75 at the end, wall time 12.5 s" in sens
 
     cal = section(page, "## Calibration to L2-legacy")
-    assert ("| L1D relaxed | 0.508 | -2.63 | 16 (`l1_sr_slots`) | 0.2 | 18.1 | 0.257 | 24.6 | 0.222 | 38 | "
-            "passed (12.5) |") in cal
+    assert ("| L1D relaxed | 0.508 | -2.63 | 16 (`l1_sr_slots`) | – | 0.2 | 18.1 | 0.257 | 24.6 | 0.222 | "
+            "38 | passed (12.5) |") in cal
     assert "uncalibrated at tau = 0.05 (the studies' temperature)" in cal
-    assert "× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2; each pair" in cal
+    assert ("× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2), for QAD × 2 headroom requirements "
+            "(15 and 5 dB) (each choice") in cal
     assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.tau, '
             'cfg=cal.apply(CellConfig(), R=R))`') in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "

@@ -155,6 +155,7 @@ def merge(stage, params: dict, out: dict) -> None:
                 "sr_field": calibrate.sr_field(c["mode"]),
                 "sr_slots": c["sr_slots"],
                 "tau": calibrate.Calibration.from_dict(c).tau,
+                "qa_snr_req_db": c.get("qa_snr_req_db"),
                 "train_loss_uncalibrated": c["uncalibrated_train_loss"],
                 "train_loss": c["train_loss"],
                 "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"],

@@ -10,6 +10,11 @@ gradients of another operating point. A calibration fits three effective constan
 * ``snr_offset_db``: added to the SNR that sets the spectral efficiency (and QA's headroom
   cap); the transmit energy keeps the true power;
 * the latency floor, ``l1_sr_slots`` for L1D and ``qa_sr_slots`` for QAD (``sr_slots`` here);
+* for QAD, its power-headroom rule's per-subband SNR requirement ``qa_snr_req_db`` (from
+  ``search["qa_snr_req_db"]``): L2-legacy splits the power over as many subbands as its buffer
+  needs down to the lowest MCS's threshold, where QA's default of 15 dB keeps a calibrated QAD
+  (SNR offset below 0) on one subband in the log regime of the spectral efficiency, with an
+  energy that falls too little with power;
 
 and, beside them, the relaxation temperature ``tau`` the model runs at (``Calibration.tau``,
 chosen from ``search["tau"]``). The fluid has no variance: below saturation it delivers every
@@ -20,17 +25,18 @@ on the training points' KPIs, never on the points the gradients are evaluated at
 
 The fit is forward-only and robust: with mean-field sends near critical load the KPI
 gradients with respect to the constants reach 1e9, so a gradient-only fit diverges.
-A coarse grid over the three constants is evaluated in a few batched rollouts (the
+A coarse grid over the constants is evaluated in a few batched rollouts (the
 candidates' capacity factor and SNR offset enter exactly through the inputs: bytes
 ``B / rate_factor`` and SNR ``snr_db + offset`` give the same service as the constants),
-one grid per (latency floor, temperature); then the best pairs are refined with Nelder-Mead on
-(log rate_factor, offset) with the constants themselves. The fitted constants must give usable
-gradients: at every training point the rollout's autograd derivative in p is checked against the
-model's own finite difference (:func:`gradient_check`); a pair whose backpropagation through time
-explodes (measured: L1D with mean-field sends and a floor of 24-32 slots at ``tau = 0.05``) is set
-aside and the next pair is refined. The loss per operating point is the squared log error of
-delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``) plus the delivery-ratio
-error in units of 0.1; it is fitted on a training grid and reported on held-out points.
+one grid per (latency floor, temperature[, SNR requirement]); then the best of them are refined
+with Nelder-Mead on (log rate_factor, offset) with the constants themselves. The fitted
+constants must give usable gradients: at every training point the rollout's autograd derivative
+in p is checked against the model's own finite difference (:func:`gradient_check`); a choice whose
+backpropagation through time explodes (measured: L1D with mean-field sends and a floor of 24-32
+slots at ``tau = 0.05``) is set aside and the next choice is refined. The loss per operating
+point is the squared log error of delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``)
+plus the delivery-ratio error in units of 0.1; it is fitted on a training grid and reported on
+held-out points.
 
 Usage::
 
@@ -76,7 +82,8 @@ SEARCH = {
     "snr_offset_db": (-12.0, -8.0, -4.0, 0.0, 4.0),
     "sr_slots": {"L1": (0, 8, 16, 24, 32), "QA": (0, 8, 16, 24, 32)},
     "tau": None,  # relaxation temperatures to choose from (None: the fit's ``tau`` only)
-    "refine_top": 2,  # (latency floor, temperature) pairs refined by Nelder-Mead
+    "qa_snr_req_db": None,  # QAD's headroom requirements to choose from, dB (None: the cell's only)
+    "refine_top": 2,  # (latency floor, temperature, requirement) choices refined by Nelder-Mead
     "refine_evals": 30,  # loss evaluations per refinement
     # The gradient check of the fitted constants (``gradient_check``): the half step in p of the
     # model's own finite difference, and the largest error of autograd against it (in units of
@@ -336,6 +343,8 @@ class Calibration:
 
     :field rate_factor, snr_offset_db, sr_slots: the constants (``sr_slots``: ``l1_sr_slots``
         for L1D, ``qa_sr_slots`` for QAD).
+    :field qa_snr_req_db: QAD's per-subband SNR requirement of its headroom rule, dB (None: not
+        fitted, the cell's own; always None for L1D).
     :field tau: the relaxation temperature they were fitted at, the model's to run at:
         ``DiffFluid(..., tau=cal.tau, cfg=cal.apply(cfg))`` (another temperature moves the operating
         point). A file written before the temperature was fitted gives the fit's ``setup["tau"]``.
@@ -370,6 +379,7 @@ class Calibration:
     setup: dict
     gradient_check: dict | None = None
     tau: float | None = None
+    qa_snr_req_db: float | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -377,15 +387,23 @@ class Calibration:
             object.__setattr__(self, "tau", float(self.setup["tau"]))
         if not (isinstance(self.tau, (int, float)) and math.isfinite(self.tau) and self.tau > 0):
             raise ValueError(f"tau: expected a finite temperature > 0, got {self.tau!r}")
+        req = self.qa_snr_req_db
+        is_db = isinstance(req, (int, float)) and not isinstance(req, bool) and math.isfinite(req)
+        if req is not None and (self.mode != "QA" or not is_db):
+            raise ValueError(f"qa_snr_req_db: expected None or, for mode 'QA', a finite number of dB; "
+                             f"got {req!r}")
 
     @property
     def constants(self) -> dict:
         """The ``CellConfig`` fields this calibration sets, by name."""
-        return {
+        out = {
             "rate_factor": self.rate_factor,
             "snr_offset_db": self.snr_offset_db,
             sr_field(self.mode): self.sr_slots,
         }
+        if self.qa_snr_req_db is not None:
+            out["qa_snr_req_db"] = self.qa_snr_req_db
+        return out
 
     def apply(
         self,
@@ -426,8 +444,7 @@ class Calibration:
         cell_diff = sorted(k for k in mine if mine[k] != base.get(k))
         if cell_diff:
             differs.append(f"cell constants {', '.join(cell_diff)} differ from those fitted on")
-        key = (self.mode, self.sends, self.rate_factor, self.snr_offset_db, self.sr_slots, self.tau,
-               tuple(differs))
+        key = (self.mode, self.sends, tuple(self.constants.items()), self.tau, tuple(differs))
         if differs and key not in _WARNED:
             _WARNED.add(key)
             warnings.warn(
@@ -454,7 +471,8 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict, source: str = "the dict") -> "Calibration":
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d and n not in ("provenance", "gradient_check", "tau")]
+        optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db")
+        missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
         kw = {n: d[n] for n in names if n in d}
@@ -485,7 +503,7 @@ class Calibration:
         raise ValueError(f"{path}: no calibration for mode={mode!r}, sends={sends!r}; the file holds: {have}")
 
 
-_CALIBRATED_FIELDS = ("rate_factor", "snr_offset_db", "l1_sr_slots", "qa_sr_slots")
+_CALIBRATED_FIELDS = ("rate_factor", "snr_offset_db", "l1_sr_slots", "qa_sr_slots", "qa_snr_req_db")
 
 
 def save_all(path, calibrations) -> None:
@@ -589,6 +607,11 @@ def fit(
     taus = tuple(float(t) for t in (sp["tau"] if sp.get("tau") is not None else (tau,)))
     if not taus or any(not (math.isfinite(t) and t > 0) for t in taus):
         raise ValueError(f"search: temperatures (tau) must be finite and > 0, got {list(taus)}")
+    # QAD's headroom requirement: None keeps the cell's (and records nothing); L1D has no such rule.
+    reqs = (None,) if mode != "QA" or sp.get("qa_snr_req_db") is None else tuple(
+        float(r) for r in sp["qa_snr_req_db"])
+    if not reqs or any(r is not None and not math.isfinite(r) for r in reqs):
+        raise ValueError(f"search: SNR requirements (qa_snr_req_db) must be finite dB, got {list(reqs)}")
     kw = dict(R=R, area_m=area_m, envs=envs, T=T, warmup=warmup)
     train = problem(grid, seed=seed, **kw)
     if targets is None:
@@ -598,38 +621,39 @@ def fit(
         heldout_targets = measure(held, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed + 1)
     m_train = train.first(model_envs)
 
-    def with_constants(eta, off, L):
+    def with_constants(eta, off, L, req=None):
+        extra = {} if req is None else {"qa_snr_req_db": float(req)}
         return dataclasses.replace(
-            cfg, rate_factor=float(eta), snr_offset_db=float(off), **{sr_field(mode): int(L)}
+            cfg, rate_factor=float(eta), snr_offset_db=float(off), **{sr_field(mode): int(L)}, **extra
         )
 
-    # 1. Coarse grid: one batched rollout per (latency floor, temperature).
+    # 1. Coarse grid: one batched rollout per (latency floor, temperature, SNR requirement).
     cands = list(itertools.product(sp["rate_factor"], sp["snr_offset_db"]))
-    coarse = []  # (loss, rate factor, offset, floor, tau)
-    bar = _bar(list(itertools.product(floors, taus)), progress, f"calibrate {mode}D {sends}: grid")
-    for L, t in bar:
-        losses = _loss(model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L), candidates=cands,
+    coarse = []  # (loss, rate factor, offset, floor, tau, requirement)
+    choices = list(itertools.product(floors, taus, reqs))
+    for L, t, req in _bar(choices, progress, f"calibrate {mode}D {sends}: grid"):
+        losses = _loss(model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L, req), candidates=cands,
                                   tau=t, lam=lam), targets)
-        coarse += [(float(v), eta, off, int(L), t)
+        coarse += [(float(v), eta, off, int(L), t, req)
                    for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
     coarse.sort(key=lambda r: r[0])
 
-    # 2. Refinement of the best (floor, temperature) pairs with the constants themselves.
+    # 2. Refinement of the best (floor, temperature, requirement) choices with the constants themselves.
     from scipy.optimize import minimize
 
     tried = []
 
-    def refine(pair: tuple) -> tuple:
-        """Nelder-Mead on (log rate factor, offset) at the floor and temperature ``pair`` from its
-        best grid point."""
-        L, t = pair
-        start = next(r for r in coarse if r[3:] == pair)
+    def refine(choice: tuple) -> tuple:
+        """Nelder-Mead on (log rate factor, offset) at the floor, temperature and requirement
+        ``choice`` from its best grid point."""
+        L, t, req = choice
+        start = next(r for r in coarse if r[3:] == choice)
 
         def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
-            kpis = model_kpis(mode, sends, m_train, with_constants(eta, z[1], L), tau=t, lam=lam)
+            kpis = model_kpis(mode, sends, m_train, with_constants(eta, z[1], L, req), tau=t, lam=lam)
             value = float(_loss(kpis, targets)[0])
-            tried.append((value, eta, float(z[1]), L, t))
+            tried.append((value, eta, float(z[1]), L, t, req))
             return value if math.isfinite(value) else 1e12
 
         res = minimize(
@@ -653,30 +677,34 @@ def fit(
             float(res.x[1]),
             L,
             t,
+            req,
         )
         if progress:
             print(
-                f"calibrate {mode}D {sends}: floor {L} slots, tau {t:g} -> loss {cand[0]:.4g} "
+                f"calibrate {mode}D {sends}: floor {L} slots, tau {t:g}{_req_text(req)} -> "
+                f"loss {cand[0]:.4g} "
                 f"(rate factor {cand[1]:.3f}, offset {cand[2]:.2f} dB; {res.nfev} evaluations)",
                 flush=True,
             )
         return cand
 
     # 3. The gradient check: the refined constants with the lowest loss whose gradients are usable
-    # win. While every refined pair fails it, the next pair of the grid's ranking is refined.
+    # win. While every refined choice fails it, the next choice of the grid's ranking is refined.
     ranking = list(dict.fromkeys(r[3:] for r in coarse))
-    refined = [refine(pair) for pair in ranking[: int(sp["refine_top"])]]
+    refined = [refine(choice) for choice in ranking[: int(sp["refine_top"])]]
     pending = ranking[int(sp["refine_top"]):]
     checks: dict = {}
     best = None
     while best is None:
         for cand in sorted(refined, key=lambda c: c[0]):
             if cand not in checks:
-                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:4]), tau=cand[4],
-                                              lam=lam, h=sp["gradient_h"], max_error=sp["gradient_max_error"])
+                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:4], cand[5]),
+                                              tau=cand[4], lam=lam, h=sp["gradient_h"],
+                                              max_error=sp["gradient_max_error"])
                 if progress:
                     c = checks[cand]
-                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, tau {cand[4]:g}, "
+                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, tau {cand[4]:g}"
+                          f"{_req_text(cand[5])}, "
                           f"gradient check {'passed' if c['stable'] else 'FAILED'} "
                           f"(worst error {c['worst_error']:.3g}: "
                           f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']})",
@@ -688,17 +716,18 @@ def fit(
             if not pending:
                 break
             refined.append(refine(pending.pop(0)))
-    if best is None:  # no pair gives usable gradients: the best fit, flagged
+    if best is None:  # no choice gives usable gradients: the best fit, flagged
         best = min(refined, key=lambda c: c[0])
         warnings.warn(f"calibrate {mode}D {sends}: no latency floor of {list(floors)} at a temperature of "
                       f"{list(taus)} passes the gradient check; the calibration is flagged "
                       "(gradient_check.stable is False)", stacklevel=2)
     grad_check = {**checks[best], "rejected": [
-        {"sr_slots": c[3], "tau": c[4], "rate_factor": c[1], "snr_offset_db": c[2], "train_loss": c[0],
+        {"sr_slots": c[3], "tau": c[4], "qa_snr_req_db": c[5], "rate_factor": c[1], "snr_offset_db": c[2],
+         "train_loss": c[0],
          "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"]}
         for c in sorted(checks, key=lambda c: c[0]) if c != best and not checks[c]["stable"]]}
-    train_loss, eta, off, L, tau_fit = best
-    fitted, plain = with_constants(eta, off, L), cfg
+    train_loss, eta, off, L, tau_fit, req_fit = best
+    fitted, plain = with_constants(eta, off, L, req_fit), cfg
 
     def loss_on(prob, tgt, c, t):
         return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, tau=t, lam=lam), tgt)[0])
@@ -717,7 +746,8 @@ def fit(
         "envs": envs,
         "model_envs": model_envs,
         "seed": seed,
-        "search": {**sp, "sr_slots": list(floors), "tau": list(taus)},
+        "search": {**sp, "sr_slots": list(floors), "tau": list(taus),
+                   "qa_snr_req_db": None if reqs == (None,) else list(reqs)},
         "loss_weights": LOSS_WEIGHTS,
         "delivery_unit": DELIVERY_UNIT,
         "evaluations": len(coarse) + len(tried),
@@ -747,8 +777,13 @@ def fit(
         setup=_jsonable(setup),
         gradient_check=_jsonable(grad_check),
         tau=tau_fit,
+        qa_snr_req_db=req_fit,
         provenance=prov,
     )
+
+
+def _req_text(req) -> str:
+    return "" if req is None else f", SNR requirement {req:g} dB"
 
 
 def _bar(items, progress: bool, desc: str):
