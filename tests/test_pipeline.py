@@ -429,7 +429,8 @@ def test_numbers_land_in_their_sections(tmp_path):
             "38 | passed (12.5) |") in cal
     assert "uncalibrated at tau = 0.05 (the studies' temperature)" in cal
     assert ("× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2), for QAD × 2 headroom requirements "
-            "(15 and 5 dB) (each choice") in cal
+            "(15 and 5 dB), each choice of floor, temperature and requirement one batched rollout; "
+            "then") in cal
     assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.tau, '
             'cfg=cal.apply(CellConfig(), R=R))`') in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "
