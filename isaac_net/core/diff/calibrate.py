@@ -3,7 +3,7 @@
 L1D and QAD share L2-legacy's physics but not its effective capacity or latency: HARQ,
 BLER, OLLA, MCS quantisation, per-subband PF and fading cost L2-legacy capacity, and the
 SR/BSR timeline and grant delays give it a latency floor. Their gradients are then
-gradients of another operating point. A calibration fits three effective constants of
+gradients of another operating point. A calibration fits effective constants of
 :class:`~isaac_net.core.config.CellConfig` per model (``mode``) and send relaxation (``sends``):
 
 * ``rate_factor``: a capacity factor on the bytes a backlogged robot is served;
@@ -55,6 +55,7 @@ import datetime
 import itertools
 import json
 import math
+import typing
 import warnings
 from pathlib import Path
 
@@ -627,84 +628,80 @@ def fit(
             cfg, rate_factor=float(eta), snr_offset_db=float(off), **{sr_field(mode): int(L)}, **extra
         )
 
+    def cell_of(f: _Fitted) -> CellConfig:
+        return with_constants(f.rate_factor, f.snr_offset_db, f.sr_slots, f.qa_snr_req_db)
+
     # 1. Coarse grid: one batched rollout per (latency floor, temperature, SNR requirement).
     cands = list(itertools.product(sp["rate_factor"], sp["snr_offset_db"]))
-    coarse = []  # (loss, rate factor, offset, floor, tau, requirement)
+    coarse: list[_Fitted] = []
     choices = list(itertools.product(floors, taus, reqs))
     for L, t, req in _bar(choices, progress, f"calibrate {mode}D {sends}: grid"):
         losses = _loss(model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L, req), candidates=cands,
                                   tau=t, lam=lam), targets)
-        coarse += [(float(v), eta, off, int(L), t, req)
+        coarse += [_Fitted(float(v), eta, off, int(L), t, req)
                    for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
-    coarse.sort(key=lambda r: r[0])
+    coarse.sort(key=lambda r: r.loss)
 
     # 2. Refinement of the best (floor, temperature, requirement) choices with the constants themselves.
     from scipy.optimize import minimize
 
     tried = []
 
-    def refine(choice: tuple) -> tuple:
+    def refine(choice: tuple) -> _Fitted:
         """Nelder-Mead on (log rate factor, offset) at the floor, temperature and requirement
         ``choice`` from its best grid point."""
         L, t, req = choice
-        start = next(r for r in coarse if r[3:] == choice)
+        start = next(r for r in coarse if r.choice == choice)
 
         def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
             kpis = model_kpis(mode, sends, m_train, with_constants(eta, z[1], L, req), tau=t, lam=lam)
             value = float(_loss(kpis, targets)[0])
-            tried.append((value, eta, float(z[1]), L, t, req))
+            tried.append(_Fitted(value, eta, float(z[1]), L, t, req))
             return value if math.isfinite(value) else 1e12
 
         res = minimize(
             objective,
-            x0=[math.log(start[1]), start[2]],
+            x0=[math.log(start.rate_factor), start.snr_offset_db],
             method="Nelder-Mead",
             options={
                 "maxfev": int(sp["refine_evals"]),
                 "xatol": 1e-3,
                 "fatol": 1e-4,
                 "initial_simplex": [
-                    [math.log(start[1]), start[2]],
-                    [math.log(start[1]) + 0.15, start[2]],
-                    [math.log(start[1]), start[2] + 1.5],
+                    [math.log(start.rate_factor), start.snr_offset_db],
+                    [math.log(start.rate_factor) + 0.15, start.snr_offset_db],
+                    [math.log(start.rate_factor), start.snr_offset_db + 1.5],
                 ],
             },
         )
-        cand = (
-            float(res.fun),
-            float(np.exp(np.clip(res.x[0], math.log(0.05), math.log(2.0)))),
-            float(res.x[1]),
-            L,
-            t,
-            req,
-        )
+        cand = _Fitted(float(res.fun), float(np.exp(np.clip(res.x[0], math.log(0.05), math.log(2.0)))),
+                       float(res.x[1]), L, t, req)
         if progress:
             print(
                 f"calibrate {mode}D {sends}: floor {L} slots, tau {t:g}{_req_text(req)} -> "
-                f"loss {cand[0]:.4g} "
-                f"(rate factor {cand[1]:.3f}, offset {cand[2]:.2f} dB; {res.nfev} evaluations)",
+                f"loss {cand.loss:.4g} (rate factor {cand.rate_factor:.3f}, offset "
+                f"{cand.snr_offset_db:.2f} dB; {res.nfev} evaluations)",
                 flush=True,
             )
         return cand
 
     # 3. The gradient check: the refined constants with the lowest loss whose gradients are usable
     # win. While every refined choice fails it, the next choice of the grid's ranking is refined.
-    ranking = list(dict.fromkeys(r[3:] for r in coarse))
+    ranking = list(dict.fromkeys(r.choice for r in coarse))
     refined = [refine(choice) for choice in ranking[: int(sp["refine_top"])]]
     pending = ranking[int(sp["refine_top"]):]
     checks: dict = {}
     best = None
     while best is None:
-        for cand in sorted(refined, key=lambda c: c[0]):
+        for cand in sorted(refined, key=lambda c: c.loss):
             if cand not in checks:
-                checks[cand] = gradient_check(mode, sends, m_train, with_constants(*cand[1:4], cand[5]),
-                                              tau=cand[4], lam=lam, h=sp["gradient_h"],
-                                              max_error=sp["gradient_max_error"])
+                checks[cand] = gradient_check(mode, sends, m_train, cell_of(cand), tau=cand.tau, lam=lam,
+                                              h=sp["gradient_h"], max_error=sp["gradient_max_error"])
                 if progress:
                     c = checks[cand]
-                    print(f"calibrate {mode}D {sends}: floor {cand[3]} slots, tau {cand[4]:g}"
-                          f"{_req_text(cand[5])}, "
+                    print(f"calibrate {mode}D {sends}: floor {cand.sr_slots} slots, tau {cand.tau:g}"
+                          f"{_req_text(cand.qa_snr_req_db)}, "
                           f"gradient check {'passed' if c['stable'] else 'FAILED'} "
                           f"(worst error {c['worst_error']:.3g}: "
                           f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']})",
@@ -717,17 +714,17 @@ def fit(
                 break
             refined.append(refine(pending.pop(0)))
     if best is None:  # no choice gives usable gradients: the best fit, flagged
-        best = min(refined, key=lambda c: c[0])
+        best = min(refined, key=lambda c: c.loss)
+        with_reqs = "" if reqs == (None,) else f" and SNR requirement of {list(reqs)} dB"
         warnings.warn(f"calibrate {mode}D {sends}: no latency floor of {list(floors)} at a temperature of "
-                      f"{list(taus)} passes the gradient check; the calibration is flagged "
+                      f"{list(taus)}{with_reqs} passes the gradient check; the calibration is flagged "
                       "(gradient_check.stable is False)", stacklevel=2)
     grad_check = {**checks[best], "rejected": [
-        {"sr_slots": c[3], "tau": c[4], "qa_snr_req_db": c[5], "rate_factor": c[1], "snr_offset_db": c[2],
-         "train_loss": c[0],
+        {"sr_slots": c.sr_slots, "tau": c.tau, "qa_snr_req_db": c.qa_snr_req_db, "rate_factor": c.rate_factor,
+         "snr_offset_db": c.snr_offset_db, "train_loss": c.loss,
          "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"]}
-        for c in sorted(checks, key=lambda c: c[0]) if c != best and not checks[c]["stable"]]}
-    train_loss, eta, off, L, tau_fit, req_fit = best
-    fitted, plain = with_constants(eta, off, L, req_fit), cfg
+        for c in sorted(checks, key=lambda c: c.loss) if c != best and not checks[c]["stable"]]}
+    fitted, plain = cell_of(best), cfg
 
     def loss_on(prob, tgt, c, t):
         return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, tau=t, lam=lam), tgt)[0])
@@ -735,7 +732,7 @@ def fit(
     uncal_train = loss_on(train, targets, plain, tau)
     heldout_loss = uncal_heldout = None
     if held is not None:
-        heldout_loss = loss_on(held, heldout_targets, fitted, tau_fit)
+        heldout_loss = loss_on(held, heldout_targets, fitted, best.tau)
         uncal_heldout = loss_on(held, heldout_targets, plain, tau)
     setup = {
         "level": level,
@@ -761,10 +758,10 @@ def fit(
     return Calibration(
         mode=mode,
         sends=sends,
-        rate_factor=eta,
-        snr_offset_db=off,
-        sr_slots=int(L),
-        train_loss=train_loss,
+        rate_factor=best.rate_factor,
+        snr_offset_db=best.snr_offset_db,
+        sr_slots=int(best.sr_slots),
+        train_loss=best.loss,
         heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train,
         uncalibrated_heldout_loss=uncal_heldout,
@@ -776,10 +773,26 @@ def fit(
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)),
         setup=_jsonable(setup),
         gradient_check=_jsonable(grad_check),
-        tau=tau_fit,
-        qa_snr_req_db=req_fit,
+        tau=best.tau,
+        qa_snr_req_db=best.qa_snr_req_db,
         provenance=prov,
     )
+
+
+class _Fitted(typing.NamedTuple):
+    """One evaluated set of constants of :func:`fit`: its training loss and the constants."""
+
+    loss: float
+    rate_factor: float
+    snr_offset_db: float
+    sr_slots: int
+    tau: float
+    qa_snr_req_db: float | None
+
+    @property
+    def choice(self) -> tuple:
+        """What the coarse grid batches over: (latency floor, temperature, SNR requirement)."""
+        return self.sr_slots, self.tau, self.qa_snr_req_db
 
 
 def _req_text(req) -> str:
