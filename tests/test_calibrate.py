@@ -131,10 +131,35 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
     assert [r["sr_slots"] for r in flagged.gradient_check["rejected"]] == [4]
 
 
+def test_fit_on_two_fleet_sizes_recovers_the_constants_and_records_them():
+    """Targets made by QAD with known constants on cells of 3 and 5 robots, one size after the other:
+    the fit on both lands on the constants; the calibration records both sizes (an old file's single
+    R loads as a tuple of one) and warns only at a size it was not fitted for."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16)
+    target = calibrate.concat_points(
+        {k: v[0] for k, v in calibrate.model_kpis(
+            "QA", "relaxed", calibrate.problem(GRID, R=r, envs=2, T=12, warmup=3, seed=0),
+            dataclasses.replace(CellConfig(), **truth), tau=0.05, lam=0.1).items()}
+        for r in (3, 5))
+    assert target["mean_delay"].shape == (2 * len(GRID),)
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **{**TINY, "envs": 2, "R": [3, 5]})
+    assert cal.R == (3, 5) and cal.grid == GRID
+    assert cal.sr_slots == 16 and cal.rate_factor == pytest.approx(0.7, rel=0.05)
+    assert cal.train_loss < 1e-3 < cal.uncalibrated_train_loss
+    assert cal.gradient_check["R"] in (3, 5) and cal.gradient_check["stable"]
+    assert calibrate.Calibration.from_dict({**cal.to_dict(), "R": 3}).R == (3,)
+    assert calibrate.Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cal.apply(CellConfig(), R=5)
+    with pytest.warns(UserWarning, match=r"R = 4 \(fitted for 3 and 5\)"):
+        cal.apply(CellConfig(), R=4)
+
+
 def test_fit_improves_the_held_out_points(fitted):
     assert fitted.train_loss < fitted.uncalibrated_train_loss
     assert fitted.heldout_loss < fitted.uncalibrated_heldout_loss
-    assert fitted.grid == GRID and fitted.heldout_grid == HELD and fitted.R == 4
+    assert fitted.grid == GRID and fitted.heldout_grid == HELD and fitted.R == (4,)
     assert fitted.l2_config == json.loads(json.dumps(dataclasses.asdict(L2LegacyConfig())))
 
 
@@ -226,6 +251,12 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(search={"tau": (0.05, 0.0)}), r"search: temperatures \(tau\) must be finite and > 0"),
     (dict(search={"qa_snr_req_db": (15.0, float("nan"))}), r"search: SNR requirements \(qa_snr_req_db\)"),
     (dict(grid=()), "points: expected at least one operating point"),
+    (dict(R=0), "R: expected an integer >= 1 or a non-empty sequence"),
+    (dict(R=()), "R: expected an integer >= 1 or a non-empty sequence"),
+    (dict(R=(4, 2.5)), "R: expected an integer >= 1 or a non-empty sequence"),
+    (dict(R=(4, 4)), r"R: expected distinct fleet sizes, got \[4, 4\]"),
+    (dict(targets={k: torch.ones(3) for k in calibrate.KPIS}), r"targets: expected 4 values per KPI"),
+    (dict(targets={"mean_delay": torch.ones(4)}), r"targets: expected the KPIs .* missing"),
     (dict(grid=((1.5, 1000.0, 23.0),)), "points: expected"),
 ])
 def test_fit_refuses_bad_arguments(kwargs, match):

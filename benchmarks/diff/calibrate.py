@@ -1,10 +1,11 @@
 """Calibration of L1D and QAD (mean-field and relaxed sends) to L2-legacy, in three parts:
 
-* ``targets`` (one job per point set: ``train``, ``heldout``, ``sweep``): L2-legacy KPIs at
-  each operating point of the set (``isaac_net.core.diff.calibrate.measure``);
+* ``targets`` (one job per point set and fleet size: ``train`` and ``heldout`` at each of the
+  config's ``R``, ``sweep`` at the first): L2-legacy KPIs at each operating point of the set
+  (``isaac_net.core.diff.calibrate.measure``);
 * ``fit`` (one job per model): the constants by grid search and Nelder-Mead on the training
-  targets, the held-out loss, and the model's KPIs on the load sweep uncalibrated and
-  calibrated (``calibrate.fit``);
+  targets of every fleet size, the held-out loss, and the model's KPIs on the load sweep
+  uncalibrated and calibrated (``calibrate.fit``);
 * ``merge``: the calibration file ``calibration.json`` (loadable with
   ``Calibration.load(path, mode=, sends=)``) with a summary, a table and the figure of
   L2-legacy against the uncalibrated and calibrated models across load.
@@ -34,14 +35,21 @@ def point_sets(params: dict) -> dict:
     return {"train": grid(params["grid"]), "heldout": grid(params["heldout"]), "sweep": grid(params["sweep"])}
 
 
-def _problem(params: dict, part: str):
+def fleet_sizes(params: dict) -> tuple:
+    """The config's ``R``: the fleet sizes the fit runs on (the sweep at the first)."""
+    from isaac_net.core.diff import calibrate
+
+    return calibrate.fleet_sizes(params["R"])
+
+
+def _problem(params: dict, part: str, R: int):
     from isaac_net.core.diff import calibrate
 
     # Each set has its own positions and sends: seed, seed + 1 (held out), seed + 2 (sweep).
     offset = {"train": 0, "heldout": 1, "sweep": 2}[part]
     return calibrate.problem(
         point_sets(params)[part],
-        R=int(params["R"]),
+        R=int(R),
         area_m=params["area_m"],
         envs=int(params["envs"]),
         T=int(params["T"]),
@@ -52,10 +60,16 @@ def _problem(params: dict, part: str):
 
 
 def targets(stage, params: dict, out: dict, part: str) -> None:
-    """L2-legacy KPIs at the points of one set."""
+    """L2-legacy KPIs at the points of one set, for one fleet size (``part``: ``<set>-<R>``)."""
     from isaac_net.core.diff import calibrate
 
-    prob, offset = _problem(params, part)
+    name, _, R = part.partition("-")
+    if name not in ("train", "heldout", "sweep") or not R.isdigit():
+        raise ValueError(f"part: expected targets-<set>-<R> (set train, heldout or sweep), "
+                         f"got targets-{part}")
+    if int(R) not in fleet_sizes(params):
+        raise ValueError(f"part: fleet size {R} is not one of the config's R = {list(fleet_sizes(params))}")
+    prob, offset = _problem(params, name, int(R))
     t0 = time.perf_counter()
     kpis = calibrate.measure(
         prob,
@@ -64,17 +78,28 @@ def targets(stage, params: dict, out: dict, part: str) -> None:
         seed=int(params["seed"]) + offset,
     )
     print(
-        f"[calibrate] {part}: {len(prob.points)} points x {prob.envs} envs "
+        f"[calibrate] {name} at R = {R}: {len(prob.points)} points x {prob.envs} envs "
         f"in {time.perf_counter() - t0:.1f} s"
     )
     stage.write_json(
-        out["json"], {"part": part, "points": prob.points, "kpis": {k: v.tolist() for k, v in kpis.items()}}
+        out["json"],
+        {"part": name, "R": int(R), "points": prob.points, "kpis": {k: v.tolist() for k, v in kpis.items()}},
     )
 
 
-def _kpis(path: str) -> dict:
-    data = json.loads(open(path).read())
-    return {k: torch.tensor(v, dtype=torch.float64) for k, v in data["kpis"].items()}
+def _kpis(paths, sizes: tuple) -> dict:
+    """The targets of every fleet size (one file each, in the order of ``sizes``) as one set of points."""
+    from isaac_net.core.diff import calibrate
+
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    data = [json.loads(open(p).read()) for p in paths]
+    got = [d.get("R") for d in data]
+    if got != list(sizes):
+        raise ValueError(f"targets: expected files of the fleet sizes {list(sizes)} in order, "
+                         f"got {got} ({paths})")
+    return calibrate.concat_points(
+        {k: torch.tensor(v, dtype=torch.float64) for k, v in d["kpis"].items()} for d in data
+    )
 
 
 def fit(stage, params: dict, out: dict, model: str) -> None:
@@ -84,6 +109,7 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     mode, sends = model.split("_", 1)
     cfg = cell_config(params.get("cell", {}))
     sets = point_sets(params)
+    sizes = fleet_sizes(params)
     t0 = time.perf_counter()
     cal = calibrate.fit(
         mode,
@@ -91,7 +117,7 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
         level=params["level"],
         grid=sets["train"],
         heldout=sets["heldout"],
-        R=int(params["R"]),
+        R=sizes,
         area_m=params["area_m"],
         envs=int(params["envs"]),
         model_envs=int(params["model_envs"]),
@@ -102,13 +128,13 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
         seed=int(params["seed"]),
         cfg=cfg,
         search=params.get("search"),
-        targets=_kpis(out["train"]),
-        heldout_targets=_kpis(out["heldout"]),
+        targets=_kpis(out["train"], sizes),
+        heldout_targets=_kpis(out["heldout"], sizes),
         progress=True,
         provenance={"stage": stage.name, "profile": stage.profile},
     )
     wall_fit = time.perf_counter() - t0
-    sweep, _ = _problem(params, "sweep")
+    sweep, _ = _problem(params, "sweep", sizes[0])
     sweep = sweep.first(int(params["model_envs"]))
     curves = {}
     # Each at its own temperature: the plain model at the studies', the calibrated one at its fitted.
@@ -125,7 +151,8 @@ def merge(stage, params: dict, out: dict) -> None:
     from isaac_net.core.diff import calibrate
 
     fits = [json.loads(open(p).read()) for p in out["fits"]]
-    sweep_l2 = json.loads(open(out["sweep"]).read())
+    sweep_path = out["sweep"] if isinstance(out["sweep"], str) else out["sweep"][0]  # the first fleet size's
+    sweep_l2 = json.loads(open(sweep_path).read())
     table, summary = (
         [],
         {
@@ -134,7 +161,8 @@ def merge(stage, params: dict, out: dict) -> None:
             "heldout_points": len(fits[0]["calibration"]["heldout_grid"]),
             "envs_per_point": int(params["envs"]),
             "model_envs_per_point": int(params["model_envs"]),
-            "R": int(params["R"]),
+            "R": fleet_sizes(params)[0],  # the sweep's; the fit's fleet sizes are the config's R
+            "fleet_sizes": len(fleet_sizes(params)),
             "T": int(params["T"]),
             "warmup": int(params["warmup"]),
             "tau": float(params["tau"]),
@@ -200,7 +228,7 @@ def merge(stage, params: dict, out: dict) -> None:
 
 
 def main(stage, params: dict, out: dict, part: str | None = None) -> None:
-    """Calibration of the fluid models to L2-legacy (parts: targets-<set>, fit-<model>, merge)."""
+    """Calibration of the fluid models to L2-legacy (parts: targets-<set>-<R>, fit-<model>, merge)."""
     kind, _, arg = (part or "").partition("-")
     if kind == "targets":
         targets(stage, params, out, arg)
@@ -209,7 +237,7 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     elif kind == "merge":
         merge(stage, params, out)
     else:
-        raise ValueError(f"part: expected targets-<set>, fit-<model> or merge, got {part!r}")
+        raise ValueError(f"part: expected targets-<set>-<R>, fit-<model> or merge, got {part!r}")
 
 
 if __name__ == "__main__":

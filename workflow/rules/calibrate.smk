@@ -1,6 +1,6 @@
 # Calibration of L1D and QAD (mean-field, relaxed) to L2-legacy (benchmarks/diff/calibrate.py):
-# L2-legacy targets per point set and one fit per model run as separate jobs, side by side
-# under --cores N or SLURM; the merge writes the calibration file the studies read.
+# L2-legacy targets per point set and fleet size and one fit per model run as separate jobs, side
+# by side under --cores N or SLURM; the merge writes the calibration file the studies read.
 CALIBRATION_SETS = ("train", "heldout", "sweep")
 CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
 CALIBRATION_DIR = f"{RESULTS}/calibrate"
@@ -11,16 +11,17 @@ rule calibrate_targets:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=f"{CALIBRATION_DIR}/targets_{{set}}.json",
+        json=f"{CALIBRATION_DIR}/targets_{{set}}_R{{R}}.json",
     params:
         **stage_params("calibrate", drop=["search", "modes", "sends", "tau", "lam", "model_envs"]),
-        part=lambda wc: f"targets-{wc.set}",
+        part=lambda wc: f"targets-{wc.set}-{wc.R}",
     wildcard_constraints:
         set="|".join(CALIBRATION_SETS),
+        R="|".join(str(r) for r in CALIBRATION_R),
     log:
-        f"{RESULTS}/logs/calibrate_targets_{{set}}.log",
+        f"{RESULTS}/logs/calibrate_targets_{{set}}_R{{R}}.log",
     benchmark:
-        f"{RESULTS}/bench/calibrate_targets_{{set}}.tsv"
+        f"{RESULTS}/bench/calibrate_targets_{{set}}_R{{R}}.tsv"
     threads: config["threads"]
     priority: PRIORITY["calibrate"]
     conda:
@@ -33,8 +34,8 @@ rule calibrate_fit:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        train=f"{CALIBRATION_DIR}/targets_train.json",
-        heldout=f"{CALIBRATION_DIR}/targets_heldout.json",
+        train=calibration_targets("train"),
+        heldout=calibration_targets("heldout"),
     output:
         json=f"{CALIBRATION_DIR}/fit_{{model}}.json",
     params:
@@ -59,7 +60,7 @@ rule calibrate:
         library=LIBRARY,
         helpers=HELPERS,
         fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
-        sweep=f"{CALIBRATION_DIR}/targets_sweep.json",
+        sweep=calibration_targets("sweep"),
     output:
         json=report(ARTIFACTS["calibration"], caption="../report/calibration.rst", category="calibration"),
         figure=report(f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"),

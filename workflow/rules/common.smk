@@ -111,3 +111,15 @@ def log_path(rule_name):
 def bench_path(rule_name):
     return f"{RESULTS}/bench/{rule_name}.tsv"
 
+
+
+# The calibration's fleet sizes (robots per cell), in the config's order; its load sweep at the first.
+_CALIBRATION_R = config["calibrate"]["R"]
+CALIBRATION_R = [int(r) for r in (_CALIBRATION_R if isinstance(_CALIBRATION_R, list) else [_CALIBRATION_R])]
+
+
+def calibration_targets(point_set):
+    """The calibration's L2-legacy target files of one point set, one per fleet size in order (the
+    sweep: the first size only)."""
+    sizes = CALIBRATION_R[:1] if point_set == "sweep" else CALIBRATION_R
+    return [f"{RESULTS}/calibrate/targets_{point_set}_R{r}.json" for r in sizes]

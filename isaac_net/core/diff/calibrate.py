@@ -38,6 +38,12 @@ point is the squared log error of delay, AoI and energy (energy weighted by ``LO
 plus the delivery-ratio error in units of 0.1; it is fitted on a training grid and reported on
 held-out points.
 
+A calibration can be fitted on cells of several fleet sizes at once (``R=(8, 12)``): the loss is
+the mean over every (fleet size, point). The effective constants depend on the load a cell
+carries, and fitted at one size they lose their fit at another (measured on the full profile's
+training grid, fitted at R = 8: QAD mean-field's loss 0.27 there, 3.2 at R = 12 and 6.1 at R = 16);
+a fit that sees two sizes is the one that must hold between and beyond them.
+
 Usage::
 
     from isaac_net.core.diff import calibrate
@@ -99,6 +105,26 @@ KPI_FLOOR = 0.1  # the gradient check's error is |autograd - FD| / (|FD| + KPI_F
 def sr_field(mode: str) -> str:
     """The ``CellConfig`` field of the latency floor of ``mode``."""
     return {"L1": "l1_sr_slots", "QA": "qa_sr_slots"}[mode]
+
+
+def fleet_sizes(R) -> tuple:
+    """``R`` (robots per cell: an integer, or a sequence of distinct ones) as a tuple of ints >= 1."""
+    sizes = (R,) if isinstance(R, (int, np.integer)) and not isinstance(R, bool) else R
+    try:
+        sizes = tuple(sizes)
+    except TypeError:
+        raise TypeError(f"R: expected an integer >= 1 or a sequence of them, got {R!r}") from None
+    if not sizes or any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1 for r in sizes):
+        raise ValueError(f"R: expected an integer >= 1 or a non-empty sequence of them, got {R!r}")
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"R: expected distinct fleet sizes, got {list(sizes)}")
+    return tuple(int(r) for r in sizes)
+
+
+def concat_points(parts) -> dict:
+    """KPIs ``{kpi: [..., n_points]}`` of several fleet sizes as one set of points, in order."""
+    parts = list(parts)
+    return {k: torch.cat([part[k] for part in parts], -1) for k in parts[0]}
 
 
 def product_grid(p, msg_bytes, tx_dbm) -> tuple:
@@ -352,7 +378,9 @@ class Calibration:
     :field train_loss, heldout_loss: mean point loss on the training grid and on the held-out
         points (None without them), calibrated; ``uncalibrated_*``: the same for the plain model.
     :field grid, heldout_grid: the points ``(p, msg_bytes, tx_dbm)``.
-    :field R, area_m: robots per cell and the square of the positions, m.
+    :field R: the fleet sizes (robots per cell) of the training cells, a tuple (a file with one
+        integer gives a tuple of one).
+    :field area_m: the square of the positions, m.
     :field cell, l2_config: the ``CellConfig`` the constants apply to and the ``L2LegacyConfig``
         they were fitted against, as dicts.
     :field setup: the fit's settings (T, warmup, the plain model's tau, lam, envs, seed, search
@@ -373,7 +401,7 @@ class Calibration:
     uncalibrated_heldout_loss: float | None
     grid: tuple
     heldout_grid: tuple
-    R: int
+    R: tuple
     area_m: tuple
     cell: dict
     l2_config: dict
@@ -384,6 +412,7 @@ class Calibration:
     provenance: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        object.__setattr__(self, "R", fleet_sizes(self.R))
         if self.tau is None:  # a file from before the temperature was fitted: the fit's own
             object.__setattr__(self, "tau", float(self.setup["tau"]))
         if not (isinstance(self.tau, (int, float)) and math.isfinite(self.tau) and self.tau > 0):
@@ -418,7 +447,8 @@ class Calibration:
         :attr:`tau` (the temperature is the model's, not the cell's).
 
         Name what it is used for to have it checked: another ``R`` or ``area_m`` than fitted for
-        is allowed and warns once (the held-out points measure how well it transfers); a cell
+        is allowed and warns once (the held-out points measure how well it transfers; ``R`` counts
+        as fitted for when it is one of the fleet sizes of the fit); a cell
         that differs in other constants warns once too; another ``l2_config`` than it was fitted
         against is refused (``ValueError``).
         """
@@ -436,8 +466,8 @@ class Calibration:
                     f"another L2LegacyConfig (differs in {', '.join(diff)}); refit it"
                 )
         differs = []
-        if R is not None and int(R) != self.R:
-            differs.append(f"R = {R} (fitted for {self.R})")
+        if R is not None and int(R) not in self.R:
+            differs.append(f"R = {R} (fitted for {' and '.join(map(str, self.R))})")
         if area_m is not None and tuple(float(a) for a in area_m) != tuple(self.area_m):
             differs.append(f"area_m = {list(area_m)} (fitted for {list(self.area_m)})")
         mine = {k: v for k, v in _jsonable(dataclasses.asdict(cfg)).items() if k not in _CALIBRATED_FIELDS}
@@ -559,7 +589,7 @@ def fit(
     level: str = "L2-legacy",
     grid,
     heldout=(),
-    R: int = 8,
+    R: int | typing.Sequence[int] = 8,
     area_m=(40.0, 140.0),
     envs: int = 16,
     model_envs: int = 4,
@@ -580,11 +610,14 @@ def fit(
 
     :param grid: training points ``(p, msg_bytes, tx_dbm)``; :param heldout: points never used
         by the fit, where the held-out loss is measured (none: ``heldout_loss`` is None).
+    :param R: robots per cell, or several fleet sizes: every point is measured and fitted at each
+        (the loss is the mean over fleet sizes and points).
     :param envs: cells per point on ``level`` (``envs`` seeds of positions and sends);
         :param model_envs: the first ``model_envs`` of them run through the model.
     :param targets, heldout_targets: ``level``'s KPIs from :func:`measure` on
-        ``problem(grid, ...)`` / ``problem(heldout, ...)`` with the same settings (computed here
-        when None; pass them to fit several models against one measurement).
+        ``problem(grid, R=r, ...)`` / ``problem(heldout, R=r, ...)`` with the same settings, one
+        fleet size after the other (:func:`concat_points`; ``[len(R) * n_points]`` per KPI);
+        computed here when None; pass them to fit several models against one measurement.
     :param tau: the relaxation temperature of the plain model (its loss, ``uncalibrated_*``) and of
         the fit when ``search["tau"]`` is None; ``search["tau"]``: the temperatures the fit
         chooses from (``Calibration.tau``).
@@ -613,14 +646,25 @@ def fit(
         float(r) for r in sp["qa_snr_req_db"])
     if not reqs or any(r is not None and not math.isfinite(r) for r in reqs):
         raise ValueError(f"search: SNR requirements (qa_snr_req_db) must be finite dB, got {list(reqs)}")
-    kw = dict(R=R, area_m=area_m, envs=envs, T=T, warmup=warmup)
-    train = problem(grid, seed=seed, **kw)
+    sizes = fleet_sizes(R)
+    kw = dict(area_m=area_m, envs=envs, T=T, warmup=warmup)
+    # One problem per fleet size; its points in order, the sizes one after the other.
+    train = [problem(grid, R=r, seed=seed, **kw) for r in sizes]
     if targets is None:
-        targets = measure(train, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed)
-    held = problem(heldout, seed=seed + 1, **kw) if heldout else None
-    if held is not None and heldout_targets is None:
-        heldout_targets = measure(held, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed + 1)
-    m_train = train.first(model_envs)
+        targets = concat_points(measure(t, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed) for t in train)
+    _check_targets(targets, "targets", len(sizes) * len(train[0].points))
+    held = [problem(heldout, R=r, seed=seed + 1, **kw) for r in sizes] if heldout else None
+    if held is not None:
+        if heldout_targets is None:
+            heldout_targets = concat_points(measure(h, level=level, cfg=cfg, l2_cfg=l2_cfg, seed=seed + 1)
+                                            for h in held)
+        _check_targets(heldout_targets, "heldout_targets", len(sizes) * len(held[0].points))
+    m_train = [t.first(model_envs) for t in train]
+
+    def kpis_on(parts, c: CellConfig, t: float, candidates=None) -> dict:
+        """The model's KPIs on every fleet size's problem, as one set of points."""
+        return concat_points(model_kpis(mode, sends, part, c, tau=t, lam=lam, candidates=candidates)
+                             for part in parts)
 
     def with_constants(eta, off, L, req=None):
         extra = {} if req is None else {"qa_snr_req_db": float(req)}
@@ -636,8 +680,7 @@ def fit(
     coarse: list[_Fitted] = []
     choices = list(itertools.product(floors, taus, reqs))
     for L, t, req in _bar(choices, progress, f"calibrate {mode}D {sends}: grid"):
-        losses = _loss(model_kpis(mode, sends, m_train, with_constants(1.0, 0.0, L, req), candidates=cands,
-                                  tau=t, lam=lam), targets)
+        losses = _loss(kpis_on(m_train, with_constants(1.0, 0.0, L, req), t, candidates=cands), targets)
         coarse += [_Fitted(float(v), eta, off, int(L), t, req)
                    for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
     coarse.sort(key=lambda r: r.loss)
@@ -655,7 +698,7 @@ def fit(
 
         def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
-            kpis = model_kpis(mode, sends, m_train, with_constants(eta, z[1], L, req), tau=t, lam=lam)
+            kpis = kpis_on(m_train, with_constants(eta, z[1], L, req), t)
             value = float(_loss(kpis, targets)[0])
             tried.append(_Fitted(value, eta, float(z[1]), L, t, req))
             return value if math.isfinite(value) else 1e12
@@ -696,15 +739,18 @@ def fit(
     while best is None:
         for cand in sorted(refined, key=lambda c: c.loss):
             if cand not in checks:
-                checks[cand] = gradient_check(mode, sends, m_train, cell_of(cand), tau=cand.tau, lam=lam,
-                                              h=sp["gradient_h"], max_error=sp["gradient_max_error"])
+                checks[cand] = _worst_check([
+                    {**gradient_check(mode, sends, part, cell_of(cand), tau=cand.tau, lam=lam,
+                                      h=sp["gradient_h"], max_error=sp["gradient_max_error"]), "R": r}
+                    for r, part in zip(sizes, m_train, strict=True)])
                 if progress:
                     c = checks[cand]
                     print(f"calibrate {mode}D {sends}: floor {cand.sr_slots} slots, tau {cand.tau:g}"
                           f"{_req_text(cand.qa_snr_req_db)}, "
                           f"gradient check {'passed' if c['stable'] else 'FAILED'} "
                           f"(worst error {c['worst_error']:.3g}: "
-                          f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']})",
+                          f"d {c['kpi']} / d p {c['autograd']:.4g} against FD {c['fd']:.4g} at {c['point']}, "
+                          f"R = {c['R']})",
                           flush=True)
             if checks[cand]["stable"]:
                 best = cand
@@ -722,12 +768,13 @@ def fit(
     grad_check = {**checks[best], "rejected": [
         {"sr_slots": c.sr_slots, "tau": c.tau, "qa_snr_req_db": c.qa_snr_req_db, "rate_factor": c.rate_factor,
          "snr_offset_db": c.snr_offset_db, "train_loss": c.loss,
-         "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"]}
+         "worst_error": checks[c]["worst_error"], "kpi": checks[c]["kpi"], "point": checks[c]["point"],
+         "R": checks[c]["R"]}
         for c in sorted(checks, key=lambda c: c.loss) if c != best and not checks[c]["stable"]]}
     fitted, plain = cell_of(best), cfg
 
-    def loss_on(prob, tgt, c, t):
-        return float(_loss(model_kpis(mode, sends, prob.first(model_envs), c, tau=t, lam=lam), tgt)[0])
+    def loss_on(parts, tgt, c, t):
+        return float(_loss(kpis_on([part.first(model_envs) for part in parts], c, t), tgt)[0])
 
     uncal_train = loss_on(train, targets, plain, tau)
     heldout_loss = uncal_heldout = None
@@ -765,9 +812,9 @@ def fit(
         heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train,
         uncalibrated_heldout_loss=uncal_heldout,
-        grid=train.points,
-        heldout_grid=held.points if held is not None else (),
-        R=int(R),
+        grid=train[0].points,
+        heldout_grid=held[0].points if held is not None else (),
+        R=sizes,
         area_m=tuple(float(a) for a in area_m),
         cell=_jsonable(dataclasses.asdict(cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)),
@@ -777,6 +824,23 @@ def fit(
         qa_snr_req_db=best.qa_snr_req_db,
         provenance=prov,
     )
+
+
+def _check_targets(targets: dict, name: str, n: int) -> None:
+    """Targets must hold every KPI at each of the ``n`` (fleet size, point) pairs."""
+    missing = [k for k in KPIS if k not in targets]
+    if missing:
+        raise ValueError(f"{name}: expected the KPIs {list(KPIS)}, missing {missing}")
+    shapes = {k: tuple(targets[k].shape) for k in KPIS}
+    if any(shape[-1:] != (n,) for shape in shapes.values()):
+        raise ValueError(f"{name}: expected {n} values per KPI (fleet sizes x points, one size after the "
+                         f"other), got shapes {shapes}")
+
+
+def _worst_check(checks: list) -> dict:
+    """One gradient check of several fleet sizes: the worst of them, stable only if all are."""
+    worst = max(checks, key=lambda c: c["worst_error"])
+    return {**worst, "stable": all(c["stable"] for c in checks)}
 
 
 class _Fitted(typing.NamedTuple):
