@@ -112,7 +112,6 @@ def bench_path(rule_name):
     return f"{RESULTS}/bench/{rule_name}.tsv"
 
 
-
 # The calibration's fleet sizes (robots per cell), in the config's order; its load sweep at the first.
 _CALIBRATION_R = config["calibrate"]["R"]
 CALIBRATION_R = [int(r) for r in (_CALIBRATION_R if isinstance(_CALIBRATION_R, list) else [_CALIBRATION_R])]

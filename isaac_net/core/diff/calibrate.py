@@ -774,13 +774,14 @@ def fit(
     fitted, plain = cell_of(best), cfg
 
     def loss_on(parts, tgt, c, t):
-        return float(_loss(kpis_on([part.first(model_envs) for part in parts], c, t), tgt)[0])
+        return float(_loss(kpis_on(parts, c, t), tgt)[0])
 
-    uncal_train = loss_on(train, targets, plain, tau)
+    uncal_train = loss_on(m_train, targets, plain, tau)
     heldout_loss = uncal_heldout = None
     if held is not None:
-        heldout_loss = loss_on(held, heldout_targets, fitted, best.tau)
-        uncal_heldout = loss_on(held, heldout_targets, plain, tau)
+        m_held = [h.first(model_envs) for h in held]
+        heldout_loss = loss_on(m_held, heldout_targets, fitted, best.tau)
+        uncal_heldout = loss_on(m_held, heldout_targets, plain, tau)
     setup = {
         "level": level,
         "T": T,
