@@ -3,6 +3,7 @@ recovers constants it can recover, improves held-out points, and the file and ap
 
 import dataclasses
 import json
+import math
 import warnings
 
 import pytest
@@ -74,7 +75,48 @@ def test_fit_chooses_the_temperature_and_snr_requirement_of_the_target():
     assert cal.setup["tau"] == 0.05 and cal.setup["search"]["tau"] == [0.05, 0.2]
     assert cal.constants["qa_snr_req_db"] == 5.0 and cal.apply(CellConfig()).qa_snr_req_db == 5.0
     plain = calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05, lam=0.1)
-    assert cal.uncalibrated_train_loss == pytest.approx(float(calibrate._loss(plain, target)[0]), rel=1e-6)
+    pairs = calibrate.neighbours(GRID)
+    uncalibrated = float(calibrate.loss(plain, target, pairs)[0])
+    assert cal.uncalibrated_train_loss == pytest.approx(uncalibrated, rel=1e-6)
+    assert cal.setup["slope_weight"] == calibrate.SLOPE_WEIGHT and cal.setup["slope_pairs"] == len(pairs) == 4
+
+
+def test_neighbours_pair_adjacent_points_along_one_coordinate_and_fleet_size():
+    """Neighbours differ in one coordinate only, at its next value among the points (not two values
+    apart, not in two coordinates), at one fleet size; and each point pairs with itself at the next
+    fleet size."""
+    points = calibrate.product_grid([0.1, 0.4, 0.8], [6000.0], [23.0, 13.0])
+    # (0.1, 23) (0.1, 13) (0.4, 23) (0.4, 13) (0.8, 23) (0.8, 13): p steps 0->2, 2->4, 1->3, 3->5; 13 < 23
+    one_size = {(0, 2), (2, 4), (1, 3), (3, 5), (1, 0), (3, 2), (5, 4)}
+    assert {tuple(pair) for pair in calibrate.neighbours(points).tolist()} == one_size
+    two = {tuple(pair) for pair in calibrate.neighbours(points, 2).tolist()}
+    assert two == one_size | {(i + 6, j + 6) for i, j in one_size} | {(i, i + 6) for i in range(6)}
+    assert calibrate.neighbours([(0.5, 8000.0, 23.0)]).shape == (0, 2)
+
+
+def test_loss_adds_the_slope_term_the_error_of_the_changes_between_neighbours():
+    """The slope term is the weighted square of the errors' changes between neighbours: a model off by
+    the same factor everywhere has slopes right (level term only); one whose error flips sign between
+    neighbours has the level term of the first plus the changes' squares."""
+    target = {"mean_delay": torch.tensor([1.0, 2.0, 4.0]), "mean_aoi": torch.tensor([3.0, 3.0, 3.0]),
+              "mean_energy_j": torch.tensor([1e-3, 2e-3, 3e-3]),
+              "delivery_ratio": torch.tensor([1.0, 0.9, 0.5])}
+    pairs = torch.tensor([[0, 1], [1, 2]])
+    scaled = {**target, "mean_delay": 2.0 * target["mean_delay"]}
+    level = float(torch.log(torch.tensor(2.0)) ** 2)
+    assert float(calibrate.point_loss(scaled, target).mean()) == pytest.approx(level)
+    assert float(calibrate.loss(scaled, target, pairs)) == pytest.approx(level)
+    zigzag = {**target, "mean_delay": target["mean_delay"] * torch.tensor([2.0, 0.5, 2.0])}
+    slope = float(2 * torch.log(torch.tensor(4.0)) ** 2 / 2)  # changes of log error: -log 4, +log 4
+    assert float(calibrate.loss(zigzag, target, pairs)) == pytest.approx(level + slope)
+    half = float(calibrate.loss(zigzag, target, pairs, slope_weight=0.5))
+    assert half == pytest.approx(level + 0.5 * slope)
+    assert float(calibrate.loss(zigzag, target, pairs, slope_weight=0.0)) == pytest.approx(level)
+    delivering = {**target, "delivery_ratio": target["delivery_ratio"] + torch.tensor([0.0, 0.1, 0.0])}
+    # delivery errors 0, 1, 0 (units of 0.1): level 1/3, changes +1 and -1: slope 1
+    assert float(calibrate.loss(delivering, target, pairs)) == pytest.approx(1 / 3 + 1.0)
+    none = {**target, "mean_delay": torch.tensor([0.0, 2.0, 4.0])}  # nothing delivered, no delay: infinite
+    assert calibrate.loss(none, target, pairs) == math.inf
 
 
 def test_gradient_check_flags_an_exploding_backpropagation_and_passes_a_stable_one():
@@ -258,6 +300,9 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(targets={k: torch.ones(3) for k in calibrate.KPIS}), r"targets: expected 4 values per KPI"),
     (dict(targets={"mean_delay": torch.ones(4)}), r"targets: expected the KPIs .* missing"),
     (dict(grid=((1.5, 1000.0, 23.0),)), "points: expected"),
+    (dict(slope_weight=-1.0), "slope_weight: expected a finite number >= 0, got -1.0"),
+    (dict(slope_weight=float("nan")), "slope_weight: expected a finite number >= 0"),
+    (dict(slope_weight="1"), "slope_weight: expected a finite number >= 0"),
 ])
 def test_fit_refuses_bad_arguments(kwargs, match):
     args = {"mode": "QA", "sends": "relaxed", "grid": GRID, **TINY, **kwargs}

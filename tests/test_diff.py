@@ -748,6 +748,61 @@ def test_the_store_keeps_inductors_answer_on_the_cpus_vector_instructions(tmp_pa
     valid_vec_isa_list.cache_clear()  # the next compile probes for itself
 
 
+def test_a_cold_compile_starts_inductors_vector_probe_on_another_core_once(tmp_path, monkeypatch):
+    """probe_isa_in_background starts one process per process on the CPU, where nothing is known
+    yet and no other background compile runs; the probe walks the candidates in the reverse of
+    inductor's order (a compiling process walking its own meets it in the middle) and keeps the
+    answer."""
+    import subprocess
+
+    from torch._inductor import cpu_vec_isa
+
+    from isaac_net.core.diff import _kernels
+
+    started = []
+    monkeypatch.setattr(_kernels, "compile_in_background", lambda target, spec: started.append(target))
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    monkeypatch.setattr(_kernels, "_isa_started", False)
+    monkeypatch.setattr(_kernels, "_BACKGROUND", [])
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", functools.cache(lambda: []))
+    _kernels.probe_isa_in_background(torch.device("cuda"))  # no CPU kernels: nothing to probe
+    assert started == []
+    running = subprocess.Popen(["sleep", "5"])
+    _kernels._BACKGROUND.append(running)  # a background compile probes as it compiles
+    _kernels.probe_isa_in_background(torch.device("cpu"))
+    running.kill()
+    running.wait()
+    assert started == []
+    _kernels.probe_isa_in_background(torch.device("cpu"))
+    _kernels.probe_isa_in_background(torch.device("cpu"))
+    assert started == ["isaac_net.core.diff._kernels:_probe_isa"]
+    monkeypatch.setattr(_kernels, "_isa_started", False)
+    (tmp_path / "vec_isa.json").write_text("{}")  # an answer kept: loads are told, compiles probe
+    _kernels.probe_isa_in_background(torch.device("cpu"))
+    assert len(started) == 1
+
+    probed = []
+
+    class FakeIsa:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return self.name
+
+        def __bool__(self):
+            probed.append(self.name)
+            return True
+
+    isas = [FakeIsa(name) for name in ("amx", "vnni", "avx2", "neon")]
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", isas)
+    monkeypatch.setattr(_kernels, "_isa_candidates", lambda: ["vnni", "avx2"])
+    monkeypatch.setattr(_kernels, "_remember_isa", lambda: probed.append("kept"))
+    threads = torch.get_num_threads()
+    _kernels._probe_isa({"threads": threads})
+    assert probed == ["avx2", "vnni", "kept"]
+
+
 def _precompiled_body(a, b, how: str):
     """A precompiled function (module level, as the store's key names it): tensors and a constant."""
     return (a * b + 1.0 if how == "affine" else a - b), torch.exp(-a) * b

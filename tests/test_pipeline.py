@@ -238,7 +238,8 @@ def calibration_artifact() -> dict:
            "cell": {}}
     setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5,
                               "delivery_ratio": 1.0},
-             "delivery_unit": 0.1, "evaluations": 38}
+             "delivery_unit": 0.1, "slope_weight": 1.0, "slope_pairs": 148,
+             "evaluations": 38}
     row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508,
            "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "qa_snr_req_db": None,
            "tau": 0.2,
@@ -443,7 +444,10 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "No floor of" not in cal
     assert "Fit times on one core: L1D relaxed 96.5 s." in cal
     assert "Every model's held-out loss falls with its calibration" in cal
-    assert "the mean point loss is 20.5 → 0.31 for L1D relaxed: every calibrated model is closer" in cal
+    assert ("the mean point loss (the level term) is 20.5 → 0.31 for L1D relaxed: every calibrated "
+            "model is") in cal
+    assert ("averaged over the points (the level term), plus 1 times the slope term: the same weighted "
+            "squares of the errors' *changes* between neighbouring points, averaged over 148 pairs") in cal
     opt = section(page, "## Optimization demo")
     assert "| gradient, L1D relaxed, calibrated | 3.09 | 3.09 |" in opt
     assert ("- Through L1D relaxed: **worse than** the start (optimising through this model made the "

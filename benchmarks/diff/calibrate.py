@@ -128,6 +128,7 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
         seed=int(params["seed"]),
         cfg=cfg,
         search=params.get("search"),
+        slope_weight=float(params["slope_weight"]),
         targets=_kpis(out["train"], sizes),
         heldout_targets=_kpis(out["heldout"], sizes),
         progress=True,

@@ -21,8 +21,9 @@ whole function with autograd (the compiled step), through dynamo's ``aot_compile
 
 A cold compile can also use a core the process does not: :func:`compile_in_background` runs a
 module's kernel compiles in a new Python process while this one compiles something else (L1D's
-slot kernels while it compiles the step), and a :class:`Kernel` that would compile waits for such
-processes first, then loads what they kept.
+slot kernels while it compiles the step; inductor's probe of the CPU's vector instructions while
+QAD's step is traced, :func:`probe_isa_in_background`), and a :class:`Kernel` that would compile
+waits for such processes first, then loads what they kept.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def _isa_candidates() -> list[str]:
 
 _isa_told = False  # whether this process told inductor the kept answer instead of probing
 _isa_kept = False  # whether this process's own answer is in the store
+_isa_started = False  # whether this process started probe_isa_in_background's process
 
 
 @contextlib.contextmanager
@@ -197,6 +199,45 @@ def _remember_isa() -> None:
     except (OSError, ValueError):  # a read-only cache, or a record being replaced: probe next time
         return
     _isa_kept = True
+
+
+def probe_isa_in_background(device: torch.device) -> None:
+    """Before a compile on the CPU: inductor's vector-instruction probe (:func:`_probe_isa`) run in
+    another process meanwhile, once per process, where this one has no answer yet and no other
+    background compile runs (L1D's slot kernels probe as they compile: a third process on two
+    cores measured no faster).
+
+    With an empty cache the probe compiles a test program for each candidate, about 5 s of a
+    ~18 s cold first call, and inductor reaches it only when it writes its first kernel, seconds
+    after tracing began. Started at the compile's start on another core, the probe's programs are
+    built into the shared cache by then (inductor locks each one, so the two processes never
+    build one twice): this process only loads them."""
+    global _isa_started
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    if (_isa_started or device.type != "cpu" or inductor_config.cpp.vec_isa_ok is not None
+            or valid_vec_isa_list.cache_info().currsize > 0 or (_store() / _ISA_RECORD).exists()
+            or any(proc.poll() is None for proc in _BACKGROUND)):  # a running compile probes for itself
+        return
+    _isa_started = True
+    compile_in_background("isaac_net.core.diff._kernels:_probe_isa", {})
+
+
+
+def _probe_isa(spec: dict) -> None:
+    """Run inductor's vector-instruction probe (in a background process): the candidates in the
+    reverse of inductor's order, so that a compiling process probing in its own order meets this
+    one in the middle; then keep the answer (:func:`_remember_isa`)."""
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, valid_vec_isa_list
+
+    torch.set_num_threads(spec["threads"])
+    candidates = set(_isa_candidates())
+    for isa in reversed(supported_vec_isa_list):
+        if str(isa) in candidates:
+            bool(isa)  # builds and loads the probe; inductor caches the answer per ISA
+    valid_vec_isa_list()
+    _remember_isa()
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -479,6 +520,7 @@ class Precompiled:
             return fn
         if self.before_compile is not None:
             self.before_compile(args)
+        probe_isa_in_background(next(a.device for a in args if isinstance(a, torch.Tensor)))
         self._mark_dynamic(args)
         fn = None
         for _attempt in range(3):

@@ -33,10 +33,12 @@ with Nelder-Mead on (log rate_factor, offset) with the constants themselves. The
 constants must give usable gradients: at every training point the rollout's autograd derivative
 in p is checked against the model's own finite difference (:func:`gradient_check`); a choice whose
 backpropagation through time explodes (measured: L1D with mean-field sends and a floor of 24-32
-slots at ``tau = 0.05``) is set aside and the next choice is refined. The loss per operating
-point is the squared log error of delay, AoI and energy (energy weighted by ``LOSS_WEIGHTS``)
-plus the delivery-ratio error in units of 0.1; it is fitted on a training grid and reported on
-held-out points.
+slots at ``tau = 0.05``) is set aside and the next choice is refined. The loss (:func:`loss`)
+has a level term, the mean over the points of the squared log error of delay, AoI and energy
+(energy weighted by ``LOSS_WEIGHTS``) plus the delivery-ratio error in units of 0.1, and a slope
+term, the same weighted squares of the errors' changes between neighbouring points (along p,
+message size, power and fleet size; :func:`neighbours`), times ``SLOPE_WEIGHT``: the users of a
+calibration follow its slopes. It is fitted on a training grid and reported on held-out points.
 
 A calibration can be fitted on cells of several fleet sizes at once (``R=(8, 12)``): the loss is
 the mean over every (fleet size, point). The effective constants depend on the load a cell
@@ -83,6 +85,9 @@ KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
 # Weights of the loss terms: squared log errors of delay, AoI, energy; delivery error in units of 0.1.
 LOSS_WEIGHTS = {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5, "delivery_ratio": 1.0}
 DELIVERY_UNIT = 0.1
+# Weight of the slope term of the loss (the same errors on the change between neighbouring points,
+# :func:`loss`) against the level term's 1: the calibration exists for its gradients.
+SLOPE_WEIGHT = 1.0
 # The coarse search grid: capacity factors, SNR offsets (dB) and latency floors (slots) per mode.
 SEARCH = {
     "rate_factor": (0.3, 0.45, 0.6, 0.8, 1.0),
@@ -341,22 +346,66 @@ def gradient_check(mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau
     return {"stable": stable, **worst, "h": float(h), "max_error": float(max_error), "kpi_floor": KPI_FLOOR}
 
 
+def _errors(model: dict, target: dict) -> dict:
+    """Per KPI ``[..., n_points]``: the log error of delay, AoI and energy, the delivery error in units
+    of ``DELIVERY_UNIT``."""
+    out = {"delivery_ratio": (model["delivery_ratio"] - target["delivery_ratio"]) / DELIVERY_UNIT}
+    for k in ("mean_delay", "mean_aoi", "mean_energy_j"):
+        out[k] = torch.log(model[k]) - torch.log(target[k])
+    return out
+
+
+def _weighted_squares(errors: dict) -> torch.Tensor:
+    total = sum(LOSS_WEIGHTS[k] * e**2 for k, e in errors.items())
+    return torch.where(torch.isfinite(total), total, math.inf)
+
+
 def point_loss(model: dict, target: dict) -> torch.Tensor:
     """Loss per point ``[..., n_points]``: squared log errors of delay, AoI and energy plus the
     delivery error in units of ``DELIVERY_UNIT``, weighted by ``LOSS_WEIGHTS``. A model that
     delivers nothing where the target does has an infinite loss."""
-    loss = (
-        LOSS_WEIGHTS["delivery_ratio"]
-        * ((model["delivery_ratio"] - target["delivery_ratio"]) / DELIVERY_UNIT) ** 2
-    )
-    for k in ("mean_delay", "mean_aoi", "mean_energy_j"):
-        loss = loss + LOSS_WEIGHTS[k] * (torch.log(model[k]) - torch.log(target[k])) ** 2
-    return torch.where(torch.isfinite(loss), loss, math.inf)
+    return _weighted_squares(_errors(model, target))
 
 
-def _loss(model: dict, target: dict) -> torch.Tensor:
-    """Mean loss over the points ``[...]``."""
-    return point_loss(model, target).mean(-1)
+def neighbours(points, n_sizes: int = 1) -> torch.Tensor:
+    """``[n_pairs, 2]`` indices ``(i, j)`` of neighbouring (fleet size, point)s of the points
+    ``(p, msg_bytes, tx_dbm)`` taken at ``n_sizes`` fleet sizes, one size after the other (as
+    :func:`concat_points`): at one size, two points that differ in one coordinate only, ``j``'s the
+    next larger value of it among the points; and one point at two consecutive fleet sizes."""
+    points = [tuple(float(v) for v in pt) for pt in points]
+    n = len(points)
+    values = [sorted({pt[d] for pt in points}) for d in range(3)]
+    pairs = []
+    for i, a in enumerate(points):
+        for j, b in enumerate(points):
+            differ = [d for d in range(3) if a[d] != b[d]]
+            if len(differ) == 1:
+                axis = values[differ[0]]
+                if axis.index(b[differ[0]]) == axis.index(a[differ[0]]) + 1:
+                    pairs.append((i, j))
+    pairs = [(size * n + i, size * n + j) for size in range(n_sizes) for i, j in pairs]
+    pairs += [(size * n + i, (size + 1) * n + i) for size in range(n_sizes - 1) for i in range(n)]
+    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+
+
+def loss(model: dict, target: dict, pairs: torch.Tensor | None = None,
+         slope_weight: float = SLOPE_WEIGHT) -> torch.Tensor:
+    """The fit's loss ``[...]``: the mean :func:`point_loss` over the points (the level term) plus
+    ``slope_weight`` times the same weighted squares of the errors' *changes* between the
+    neighbours ``pairs`` (:func:`neighbours`), averaged over the pairs (the slope term).
+
+    A KPI's slope along p, message size, power or fleet size is its change between neighbours;
+    the slope term is the error of that change (``(m_j - m_i) - (t_j - t_i)`` on the log or
+    delivery scale). Levels alone let a fit trade an error at one point against the opposite
+    error at its neighbour, a slope of the wrong size: what a gradient-based user then follows.
+    """
+    errors = _errors(model, target)
+    total = _weighted_squares(errors).mean(-1)
+    if pairs is None or not len(pairs) or slope_weight == 0:
+        return total
+    i, j = pairs[:, 0], pairs[:, 1]
+    changes = {k: e[..., j] - e[..., i] for k, e in errors.items()}
+    return total + slope_weight * _weighted_squares(changes).mean(-1)
 
 
 # ---------------------------------------------------------------------------- the calibration
@@ -603,6 +652,7 @@ def fit(
     search: dict | None = None,
     targets: dict | None = None,
     heldout_targets: dict | None = None,
+    slope_weight: float = SLOPE_WEIGHT,
     progress: bool = False,
     provenance: dict | None = None,
 ) -> Calibration:
@@ -622,6 +672,9 @@ def fit(
         the fit when ``search["tau"]`` is None; ``search["tau"]``: the temperatures the fit
         chooses from (``Calibration.tau``).
     :param search: overrides of ``SEARCH``.
+    :param slope_weight: weight of the slope term of the :func:`loss` (>= 0; 0 fits the levels
+        alone): the errors of the KPIs' changes between neighbouring training points and fleet
+        sizes (:func:`neighbours`).
     """
     _check_model(mode, sends)
     if level != "L2-legacy":
@@ -646,6 +699,9 @@ def fit(
         float(r) for r in sp["qa_snr_req_db"])
     if not reqs or any(r is not None and not math.isfinite(r) for r in reqs):
         raise ValueError(f"search: SNR requirements (qa_snr_req_db) must be finite dB, got {list(reqs)}")
+    if isinstance(slope_weight, bool) or not isinstance(slope_weight, (int, float)) or not (
+            math.isfinite(slope_weight) and slope_weight >= 0):
+        raise ValueError(f"slope_weight: expected a finite number >= 0, got {slope_weight!r}")
     sizes = fleet_sizes(R)
     kw = dict(area_m=area_m, envs=envs, T=T, warmup=warmup)
     # One problem per fleet size; its points in order, the sizes one after the other.
@@ -660,6 +716,10 @@ def fit(
                                             for h in held)
         _check_targets(heldout_targets, "heldout_targets", len(sizes) * len(held[0].points))
     m_train = [t.first(model_envs) for t in train]
+    train_pairs = neighbours(grid, len(sizes))
+
+    def fit_loss(kpis: dict, tgt: dict, pairs: torch.Tensor = train_pairs) -> torch.Tensor:
+        return loss(kpis, tgt, pairs, float(slope_weight))
 
     def kpis_on(parts, c: CellConfig, t: float, candidates=None) -> dict:
         """The model's KPIs on every fleet size's problem, as one set of points."""
@@ -680,7 +740,7 @@ def fit(
     coarse: list[_Fitted] = []
     choices = list(itertools.product(floors, taus, reqs))
     for L, t, req in _bar(choices, progress, f"calibrate {mode}D {sends}: grid"):
-        losses = _loss(kpis_on(m_train, with_constants(1.0, 0.0, L, req), t, candidates=cands), targets)
+        losses = fit_loss(kpis_on(m_train, with_constants(1.0, 0.0, L, req), t, candidates=cands), targets)
         coarse += [_Fitted(float(v), eta, off, int(L), t, req)
                    for v, (eta, off) in zip(losses.tolist(), cands, strict=True)]
     coarse.sort(key=lambda r: r.loss)
@@ -699,7 +759,7 @@ def fit(
         def objective(z):
             eta = float(np.exp(np.clip(z[0], math.log(0.05), math.log(2.0))))
             kpis = kpis_on(m_train, with_constants(eta, z[1], L, req), t)
-            value = float(_loss(kpis, targets)[0])
+            value = float(fit_loss(kpis, targets)[0])
             tried.append(_Fitted(value, eta, float(z[1]), L, t, req))
             return value if math.isfinite(value) else 1e12
 
@@ -773,15 +833,15 @@ def fit(
         for c in sorted(checks, key=lambda c: c.loss) if c != best and not checks[c]["stable"]]}
     fitted, plain = cell_of(best), cfg
 
-    def loss_on(parts, tgt, c, t):
-        return float(_loss(kpis_on(parts, c, t), tgt)[0])
+    def loss_on(parts, tgt, c, t, pairs=train_pairs):
+        return float(fit_loss(kpis_on(parts, c, t), tgt, pairs)[0])
 
     uncal_train = loss_on(m_train, targets, plain, tau)
     heldout_loss = uncal_heldout = None
     if held is not None:
-        m_held = [h.first(model_envs) for h in held]
-        heldout_loss = loss_on(m_held, heldout_targets, fitted, best.tau)
-        uncal_heldout = loss_on(m_held, heldout_targets, plain, tau)
+        m_held, held_pairs = [h.first(model_envs) for h in held], neighbours(heldout, len(sizes))
+        heldout_loss = loss_on(m_held, heldout_targets, fitted, best.tau, held_pairs)
+        uncal_heldout = loss_on(m_held, heldout_targets, plain, tau, held_pairs)
     setup = {
         "level": level,
         "T": T,
@@ -795,6 +855,8 @@ def fit(
                    "qa_snr_req_db": None if reqs == (None,) else list(reqs)},
         "loss_weights": LOSS_WEIGHTS,
         "delivery_unit": DELIVERY_UNIT,
+        "slope_weight": float(slope_weight),
+        "slope_pairs": len(train_pairs),
         "evaluations": len(coarse) + len(tried),
         "gradient_checks": len(checks),
     }
@@ -877,8 +939,10 @@ __all__ = [
     "fit",
     "gradient_check",
     "group_kpis",
+    "loss",
     "measure",
     "model_kpis",
+    "neighbours",
     "point_loss",
     "problem",
     "product_grid",
