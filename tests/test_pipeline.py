@@ -446,8 +446,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "Every model's held-out loss falls with its calibration" in cal
     assert ("the mean point loss (the level term) is 20.5 → 0.31 for L1D relaxed: every calibrated "
             "model is") in cal
-    assert ("averaged over the points (the level term), plus 1 times the slope term: the same weighted "
-            "squares of the errors' *changes* between neighbouring points, averaged over 148 pairs") in cal
+    assert ("averaged over the points, and, weighted 1, a slope term: the same weighted squares of the "
+            "errors' *changes* between neighbouring points, averaged over 148 pairs") in cal
     opt = section(page, "## Optimization demo")
     assert "| gradient, L1D relaxed, calibrated | 3.09 | 3.09 |" in opt
     assert ("- Through L1D relaxed: **worse than** the start (optimising through this model made the "
