@@ -766,6 +766,7 @@ def test_a_cold_compile_starts_inductors_vector_probe_on_another_core_once(tmp_p
     monkeypatch.setattr(_kernels, "_BACKGROUND", [])
     monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", functools.cache(lambda: []))
     _kernels.probe_isa_in_background(torch.device("cuda"))  # no CPU kernels: nothing to probe
+    _kernels.probe_isa_in_background(None)  # no tensor argument
     assert started == []
     running = subprocess.Popen(["sleep", "5"])
     _kernels._BACKGROUND.append(running)  # a background compile probes as it compiles

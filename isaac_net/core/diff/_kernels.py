@@ -201,7 +201,7 @@ def _remember_isa() -> None:
     _isa_kept = True
 
 
-def probe_isa_in_background(device: torch.device) -> None:
+def probe_isa_in_background(device: torch.device | None) -> None:
     """Before a compile on the CPU: inductor's vector-instruction probe (:func:`_probe_isa`) run in
     another process meanwhile, once per process, where this one has no answer yet and no other
     background compile runs (L1D's slot kernels probe as they compile: a third process on two
@@ -216,7 +216,7 @@ def probe_isa_in_background(device: torch.device) -> None:
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    if (_isa_started or device.type != "cpu" or inductor_config.cpp.vec_isa_ok is not None
+    if (_isa_started or device is None or device.type != "cpu" or inductor_config.cpp.vec_isa_ok is not None
             or valid_vec_isa_list.cache_info().currsize > 0 or (_store() / _ISA_RECORD).exists()
             or any(proc.poll() is None for proc in _BACKGROUND)):  # a running compile probes for itself
         return
@@ -520,7 +520,7 @@ class Precompiled:
             return fn
         if self.before_compile is not None:
             self.before_compile(args)
-        probe_isa_in_background(next(a.device for a in args if isinstance(a, torch.Tensor)))
+        probe_isa_in_background(next((a.device for a in args if isinstance(a, torch.Tensor)), None))
         self._mark_dynamic(args)
         fn = None
         for _attempt in range(3):

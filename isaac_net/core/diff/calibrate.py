@@ -433,7 +433,7 @@ class Calibration:
     :field cell, l2_config: the ``CellConfig`` the constants apply to and the ``L2LegacyConfig``
         they were fitted against, as dicts.
     :field setup: the fit's settings (T, warmup, the plain model's tau, lam, envs, seed, search
-        grid, loss weights).
+        grid, loss weights, the slope term's weight and number of pairs).
     :field gradient_check: :func:`gradient_check` of the constants on the training points (``stable``,
         the worst error and where) and the floors ``rejected`` for unusable gradients (None in a
         file written before the check existed).
