@@ -13,7 +13,8 @@ rule calibrate_targets:
     output:
         json=f"{CALIBRATION_DIR}/targets_{{set}}_R{{R}}.json",
     params:
-        **stage_params("calibrate", drop=["search", "modes", "sends", "tau", "lam", "model_envs", "slope_weight"]),
+        **stage_params("calibrate",
+                       drop=["search", "modes", "sends", "tau", "lam", "model_envs", "slope_weight"]),
         part=lambda wc: f"targets-{wc.set}-{wc.R}",
     wildcard_constraints:
         set="|".join(CALIBRATION_SETS),

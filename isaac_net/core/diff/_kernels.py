@@ -224,7 +224,6 @@ def probe_isa_in_background(device: torch.device | None) -> None:
     compile_in_background("isaac_net.core.diff._kernels:_probe_isa", {})
 
 
-
 def _probe_isa(spec: dict) -> None:
     """Run inductor's vector-instruction probe (in a background process): the candidates in the
     reverse of inductor's order, so that a compiling process probing in its own order meets this
