@@ -151,7 +151,7 @@ def fixture_artifacts() -> dict[str, dict]:
          "peak_rss_mib": 351.0, "earlier_ratio": 12.2},
         {**row, "model": "QAD", "variant": "eager", "E": 1024, "compile": False, "forward_s": 0.09,
          "backward_s": 0.1, "peak_rss_mib": 400.0, "earlier_ratio": None},
-        {**row, "model": "QAD", "variant": "compiled, step loop", "E": 1024, "compile": True,
+        {**row, "model": "QAD", "variant": "compiled", "E": 1024, "compile": True,
          "forward_s": 0.15, "backward_s": 0.13, "peak_rss_mib": 480.0, "earlier_ratio": None},
         {**row, "variant": "compiled", "E": 64, "compile": True, "threads": 2, "available": False,
          "error": "timed out after 900 s", "earlier_ratio": None},
@@ -396,9 +396,8 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "Signs are physical" in fd
 
     cost = section(page, "## Cost")
-    assert ("- QAD at E = 1024, one thread, forward + backward: the fused rollout node (eager, and what "
-            "`rollout` runs under `compile=True` on the CPU) 0.19 s, the compiled step loop 0.28 s "
-            "(the fused node 1.47× faster).") in cost
+    assert ("- QAD at E = 1024, one thread, forward + backward: its fused rollout node eager 0.19 s, with "
+            "its forward compiled (`compile=True` on the CPU) 0.28 s (eager 1.47× faster).") in cost
     assert "| L1D | eager | cpu | 16 | 60 | 1 | 0.4 | 0.5 | – | 345 | 24.3× |" in cost
     assert "| L1D | eager | cpu | 1024 | 200 | 1 | 21 | 24.8 | – | 3310 | – |" in cost
     assert ("per-slot autograd 1.8 s, eager 0.9 s (2× faster), "
@@ -837,10 +836,9 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
-        "eager", "compiled", "compiled, step loop", "per-slot autograd", "per-op autograd", "discrete",
+        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete",
         "compiled, first call, cold cache", "compiled, first call, warm cache"}
-    # QAD's compiled rows are step loops (its rollout keeps the fused eager node on the CPU)
-    assert {j["name"] for j in cpu if cost._variant(j) == "compiled, step loop"} == {"QA"}
+    assert {j["name"] for j in cpu if cost._variant(j) == "compiled"} == {"L1", "QA"}
     extra = [E for E in params["speedup_E"] if E not in params["E"]]
     assert sorted((j["E"], j["compile"]) for j in cpu if j["name"] == "QA" and j["E"] in extra) == sorted(
         (E, c) for E in extra for c in (False, True))

@@ -61,9 +61,7 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None)
         leaf = {k: x[k].clone().requires_grad_(True) for k in ("p", "B", "tx", "pos")}
         _sync(device)
         t0 = time.perf_counter()
-        # Compiled QAD in a step loop: its rollout keeps the fused eager node on the CPU (compiles nothing).
-        k = rollout(net, T, leaf["p"], leaf["B"], pos=leaf["pos"], tx_dbm=leaf["tx"],
-                    step_by_step=compile_ and mode == "QA")
+        k = rollout(net, T, leaf["p"], leaf["B"], pos=leaf["pos"], tx_dbm=leaf["tx"])
         loss = sum(w * k[name] for name, w in WEIGHTS.items())
         _sync(device)
         t1 = time.perf_counter()
@@ -199,7 +197,7 @@ def _jobs(params: dict, device: str) -> list[dict]:
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1, "slots": "autograd"}
              for E in params["E"] for m in params["modes"]]
     # The speed-up at more batch sizes: L1D per-slot autograd, eager and compiled, one thread; QAD's
-    # fused rollout node against its compiled step loop (what compile=True would buy it there).
+    # fused rollout node eager against compile=True's (its forward compiled).
     extra = [E for E in params.get("speedup_E", []) if E not in params["E"]]
     jobs += [{"kind": "relaxed", "name": "L1", "E": E, "compile": c, "threads": 1,
               "repeats": params["speedup_repeats"], **({"slots": "autograd"} if slots else {})}
@@ -228,9 +226,7 @@ def _variant(job: dict) -> str:
         return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
     if job.get("slots") == "autograd":
         return "per-slot autograd" if job["name"] == "L1" else "per-op autograd"
-    if job["compile"]:
-        return "compiled, step loop" if job["name"] == "QA" else "compiled"
-    return "eager"
+    return "compiled" if job["compile"] else "eager"
 
 
 def _earlier_ratio(row: dict, earlier_s: dict) -> float | None:

@@ -122,9 +122,12 @@ def _store() -> Path:
 
 # Inductor checks which vector instructions (AVX2, AVX-512, ...) it can build for on this machine
 # once per process: it compiles a probe and loads it in a new Python process for each candidate
-# (about 0.7 s, a seventh of a warm first call). The store keeps the answer for the machine, the
-# compiler and torch it was found for; a later process that loads kept code and finds all the
-# candidates were usable tells inductor so (``cpp.vec_isa_ok``) while it loads, instead of probing.
+# (about 0.7 s, a seventh of a warm first call; about 5 s of a cold one, whose compiler headers
+# are not built yet). The store keeps the answer for the machine, the compiler and torch it was
+# found for; a later process that loads kept code and finds all the candidates were usable tells
+# inductor so (``cpp.vec_isa_ok``) while it loads, instead of probing. A cold compile, with no
+# answer yet, tells inductor the same (:func:`_compile_trusting_isa`): the kernel it builds with
+# the best candidate's instructions and loads is the probe, and its answer is kept.
 _ISA_RECORD = "vec_isa.json"
 
 
@@ -155,28 +158,61 @@ _isa_kept = False  # whether this process's own answer is in the store
 _isa_started = False  # whether this process started probe_isa_in_background's process
 
 
+def _kept_isa() -> bool | None:
+    """What the store says of this machine's vector instructions, where this process knows nothing
+    of them yet: True all the candidates worked, False one did not, None no answer for this
+    machine (or this process knows already: inductor's own answer or setting stands)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    if inductor_config.cpp.vec_isa_ok is not None or valid_vec_isa_list.cache_info().currsize > 0:
+        return None
+    try:
+        kept = json.loads((_store() / _ISA_RECORD).read_text())
+        if kept["machine"] != json.loads(json.dumps(_isa_machine())):  # as JSON keeps it
+            return None
+        return kept["valid"] == _isa_candidates()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @contextlib.contextmanager
 def _known_isa():
     """While loading kept code: tell inductor its vector instructions all work if the store says
     they did on this machine (nothing changes where it has no such answer: inductor probes)."""
     global _isa_told
     import torch._inductor.config as inductor_config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    told = False
-    if inductor_config.cpp.vec_isa_ok is None and valid_vec_isa_list.cache_info().currsize == 0:
-        try:
-            kept = json.loads((_store() / _ISA_RECORD).read_text())
-            same_machine = kept["machine"] == json.loads(json.dumps(_isa_machine()))  # as JSON keeps it
-            told = same_machine and kept["valid"] == _isa_candidates()
-        except (OSError, ValueError, KeyError, TypeError):
-            told = False
-    if not told:
+    if not _kept_isa():
         yield
         return
     _isa_told = True
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         yield
+
+
+def _compile_trusting_isa(device: torch.device | None, compile_fn):
+    """``compile_fn()`` (a compile on ``device``) with inductor told that the vector instructions
+    torch's CPU check reports all work (``cpp.vec_isa_ok``, inductor's own setting) where this
+    process knows nothing of them yet and the store says no candidate failed here: instead of
+    inductor's probe (a test program built and loaded per candidate, about 5 s of a ~13 s cold
+    first call), the compiled kernel, built with the best candidate's instructions and loaded,
+    is the test. Where that compile fails (a compiler that cannot build them), inductor probes and
+    ``compile_fn`` runs again. After a compile that succeeds, :func:`_remember_isa` keeps the answer."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    known = inductor_config.cpp.vec_isa_ok is not None or valid_vec_isa_list.cache_info().currsize > 0
+    if device is None or device.type != "cpu" or known or _kept_isa() is False:
+        return compile_fn()
+    try:
+        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+            return compile_fn()
+    except Exception as e:  # noqa: BLE001 - any failure: inductor's probe decides, and the compile runs again
+        valid_vec_isa_list.cache_clear()  # the list it was told
+        _warn_once(f"a compile with the CPU's vector instructions trusted failed ({type(e).__name__}: {e}); "
+                   "inductor probes them and it compiles again")
+        return compile_fn()
 
 
 def _remember_isa() -> None:
@@ -202,16 +238,15 @@ def _remember_isa() -> None:
 
 
 def probe_isa_in_background(device: torch.device | None) -> None:
-    """Before a compile on the CPU: inductor's vector-instruction probe (:func:`_probe_isa`) run in
-    another process meanwhile, once per process, where this one has no answer yet and no other
-    background compile runs (L1D's slot kernels probe as they compile: a third process on two
-    cores measured no faster).
+    """Before a compile on the CPU: what inductor's vector-instruction probe builds even when told
+    (:func:`_probe_isa`) run in another process meanwhile, once per process, where this one has no
+    answer yet and no other background compile runs (L1D's slot kernels probe as they compile: a
+    third process on two cores measured no faster).
 
-    With an empty cache the probe compiles a test program for each candidate, about 5 s of a
-    ~18 s cold first call, and inductor reaches it only when it writes its first kernel, seconds
-    after tracing began. Started at the compile's start on another core, the probe's programs are
-    built into the shared cache by then (inductor locks each one, so the two processes never
-    build one twice): this process only loads them."""
+    Inductor reaches its probe only when it writes its first kernel, seconds after tracing began.
+    Started at the compile's start on another core, the test programs are built into the shared
+    cache by then (inductor locks each one, so the two processes never build one twice): this
+    process only loads them."""
     global _isa_started
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
@@ -221,22 +256,24 @@ def probe_isa_in_background(device: torch.device | None) -> None:
             or any(proc.poll() is None for proc in _BACKGROUND)):  # a running compile probes for itself
         return
     _isa_started = True
-    compile_in_background("isaac_net.core.diff._kernels:_probe_isa", {})
+    compile_in_background("isaac_net.core.diff._kernels:_probe_isa", {}, wait=False)
 
 
 def _probe_isa(spec: dict) -> None:
-    """Run inductor's vector-instruction probe (in a background process): the candidates in the
-    reverse of inductor's order, so that a compiling process probing in its own order meets this
-    one in the middle; then keep the answer (:func:`_remember_isa`)."""
-    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, valid_vec_isa_list
+    """In a background process: what inductor's vector-instruction probe still builds when it is
+    told the candidates work, as the compiling process is with no answer kept
+    (:func:`_compile_trusting_isa`): AVX-512's BF16 test program. The candidates in the reverse of
+    inductor's order, so that a compiling process walking its own meets this one in the middle; no
+    answer kept (the compiled kernel is the test)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list
 
     torch.set_num_threads(spec["threads"])
     candidates = set(_isa_candidates())
-    for isa in reversed(supported_vec_isa_list):
-        if str(isa) in candidates:
-            bool(isa)  # builds and loads the probe; inductor caches the answer per ISA
-    valid_vec_isa_list()
-    _remember_isa()
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        for isa in reversed(supported_vec_isa_list):
+            if str(isa) in candidates:
+                bool(isa)  # builds and loads what it tests; inductor caches the answer per ISA
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -248,23 +285,26 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 _BACKGROUND: list = []  # compile_in_background's processes this process has not waited for yet
+_PROBES: list = []  # its processes nothing waits for (the vector-instruction probe)
 
 
 _RUN_TARGET = "import importlib, json, sys; m, f = sys.argv[1].split(':'); " \
               "getattr(importlib.import_module(m), f)(json.loads(sys.argv[2]))"
 
 
-def compile_in_background(target: str, spec: dict) -> None:
+def compile_in_background(target: str, spec: dict, *, wait: bool = True) -> None:
     """Call ``target`` (``"module:function"``) with ``spec`` (JSON-able; the torch thread count
     added as ``threads``) in a new Python process that compiles kernels into this process's store
-    (the same ``TORCHINDUCTOR_CACHE_DIR`` and library) while this one goes on; the next
-    :class:`Kernel` compile here waits for it, then loads what it kept. A process that fails or
-    keeps nothing costs only its core: the kernel is compiled here then."""
+    (the same ``TORCHINDUCTOR_CACHE_DIR`` and library) while this one goes on; with ``wait``, the
+    next :class:`Kernel` compile here waits for it, then loads what it kept (without: nothing waits,
+    as for a probe whose builds inductor's file locks share). A process that fails or keeps nothing
+    costs only its core: the kernel is compiled here then."""
     root = str(Path(__file__).resolve().parents[3])  # the directory that holds the package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     spec = {**spec, "threads": torch.get_num_threads()}  # inductor writes its loops for the thread count
     try:
-        _BACKGROUND.append(subprocess.Popen([sys.executable, "-c", _RUN_TARGET, target, json.dumps(spec)],
+        (_BACKGROUND if wait else _PROBES).append(subprocess.Popen(
+            [sys.executable, "-c", _RUN_TARGET, target, json.dumps(spec)],
                                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL))
     except OSError:  # no new process here: compile in this one, as without
@@ -285,7 +325,10 @@ def _join_background(timeout_s: float = 900.0) -> None:
 
 @atexit.register
 def _stop_background() -> None:
-    """At exit, stop background compiles nobody waits for (nothing of theirs is used then)."""
+    """At exit, stop background compiles and probes nobody waits for (nothing of theirs is used then)."""
+    _join_background(timeout_s=0.0)
+    _BACKGROUND.extend(_PROBES)
+    _PROBES.clear()
     _join_background(timeout_s=0.0)
 
 
@@ -293,15 +336,19 @@ class Kernel:
     """``fn`` (contiguous tensors of one dtype and device with storage of their own in, no views and
     no tensor twice; a tuple of tensors out, none of them an input; no branches on values)
     compiled by inductor once per dtype, device and pattern of size-1 dimensions, with
-    the last dimension of every tensor symbolic: any other batch size reuses the graph (found
-    once per new set of shapes, then by a dict lookup).
+    dimension ``dim`` (counted from the end: the last by default) of every tensor of rank > 1
+    symbolic: any other batch size reuses the graph (found once per new set of shapes, then by a
+    dict lookup).
 
     ``num_compiles`` counts the graphs compiled (the tests check that a new batch size adds none),
     ``num_loads`` those loaded from the store a previous process left (see the module's docstring).
     """
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, *, dim: int = -1):
+        if not isinstance(dim, int) or dim >= 0:
+            raise ValueError(f"Kernel({fn.__name__}): dim must be a negative int (counted from the end), "
+                             f"got {dim!r}")
+        self.fn, self.dim = fn, dim
         self._names = list(inspect.signature(fn).parameters)
         self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []
@@ -337,14 +384,19 @@ class Kernel:
             self._graphs.append(graph)
             self.num_loads += 1
             return graph
-        for t in args:  # the batch dimension, last in the loops' layout; 0-d and 1-d constants stay static
+        probe_isa_in_background(args[0].device)
+        for t in args:  # the batch dimension; 0-d and 1-d constants stay static
             if t.dim() > 1:
-                torch._dynamo.maybe_mark_dynamic(t, t.dim() - 1)
+                torch._dynamo.maybe_mark_dynamic(t, t.dim() + self.dim)
         self._kept = None
         if self._dynamo is None:
             self._dynamo = torch.compile(self.fn, backend=self._keep, dynamic=False, fullgraph=True)
-        with torch.no_grad():
-            result = self._dynamo(*args)
+        def compile_here():
+            self._kept = None
+            with torch.no_grad():
+                return self._dynamo(*args)
+
+        result = _compile_trusting_isa(args[0].device, compile_here)
         if self._kept is None:
             raise RuntimeError(f"Kernel({self.fn.__name__}): dynamo reused a graph this kernel does not know")
         compiled, inner, spec, static, num_outputs = self._kept
@@ -366,9 +418,9 @@ class Kernel:
         return self._graphs[-1]
 
     def _path(self, args: tuple) -> Path:
-        """The store's file for these arguments: their dtype, device and sizes, the batch (last)
-        dimension of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1)."""
-        sizes = [[-1 if t.dim() > 1 and d == t.dim() - 1 and n != 1 else n
+        """The store's file for these arguments: their dtype, device and sizes, the batch dimension
+        (``dim``) of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1)."""
+        sizes = [[-1 if t.dim() > 1 and d == t.dim() + self.dim and n != 1 else n
                   for d, n in enumerate(t.shape)] for t in args]
         device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
@@ -521,24 +573,12 @@ class Precompiled:
             self.before_compile(args)
         probe_isa_in_background(next((a.device for a in args if isinstance(a, torch.Tensor)), None))
         self._mark_dynamic(args)
-        fn = None
-        for _attempt in range(3):
-            try:
-                with warnings.catch_warnings():  # dynamo's guards read .grad of every input
-                    warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
-                    fn = torch.compile(self.fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
-                break
-            except torch._dynamo.exc.RestartAnalysis:
-                # torch.compile traces a frame again when dynamo asks to (a scalar it turns into a
-                # tensor); aot_compile leaves that to its caller, and the next attempt knows.
-                continue
-            except Exception as e:  # noqa: BLE001 - experimental in torch: compile the usual way instead
-                _warn_once(f"{self.fn.__qualname__}{self.tag}: aot_compile failed ({type(e).__name__}: {e}); "
-                           "compiled by torch.compile in each process instead")
-                return None
-        if fn is None:
-            _warn_once(f"{self.fn.__qualname__}{self.tag}: aot_compile kept restarting; compiled by "
-                       "torch.compile in each process instead")
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        try:
+            fn = _compile_trusting_isa(device, lambda: self._aot_compile(args))
+        except Exception as e:  # noqa: BLE001 - experimental in torch: compile the usual way instead
+            _warn_once(f"{self.fn.__qualname__}{self.tag}: aot_compile failed ({type(e).__name__}: {e}); "
+                       "compiled by torch.compile in each process instead")
             return None
         self.num_compiles += 1
         _remember_isa()
@@ -548,6 +588,19 @@ class Precompiled:
         except Exception as e:  # noqa: BLE001 - a read-only cache, or a graph torch cannot serialise
             _warn_once(f"{self.fn.__qualname__}{self.tag}: could not keep the compiled function ({e})")
         return fn
+
+    def _aot_compile(self, args: tuple):
+        """``fn`` compiled by dynamo's ``aot_compile`` for ``args`` (raises where it fails)."""
+        for _attempt in range(3):
+            try:
+                with warnings.catch_warnings():  # dynamo's guards read .grad of every input
+                    warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+                    return torch.compile(self.fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
+            except torch._dynamo.exc.RestartAnalysis:
+                # torch.compile traces a frame again when dynamo asks to (a scalar it turns into a
+                # tensor); aot_compile leaves that to its caller, and the next attempt knows.
+                continue
+        raise RuntimeError("aot_compile kept restarting")
 
     def _load(self, path: Path, args: tuple):
         """The function kept at ``path``, if it loads, its guards take ``args`` and its outputs match

@@ -36,22 +36,25 @@ import typing
 import torch
 
 from isaac_net.core.config import CellConfig
+from isaac_net.core.diff._kernels import Kernel
 from isaac_net.core.diff._l1_loop import LN2
 from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
 from isaac_net.core.diff.relax import EULER_GAMMA, Temperature, smax1_vjp, smin1_vjp
 from isaac_net.core.kpi import Totals
 
+# The step's scalars besides the temperature's, in the order of ``_Consts.vector``.
+_SCALARS = ("one", "neg_inf", "inv_tau_n", "buffer_limit", "subbands", "se_max", "inv_se_max", "kappa",
+            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "gamma", "one_minus_A")
+
 
 class _Consts:
     """The step's scalars as 0-dim tensors of the state's dtype and device: an op with a Python
-    number wraps and converts it at every call (~2 us each on these small tensors)."""
+    number wraps and converts it at every call (~2 us each on these small tensors). ``vector``
+    holds them all, the temperature's first (a compiled kernel's one constant input, which
+    :meth:`of_vector` turns back into these)."""
 
     def __init__(self, tau: float, tau_n: float, cfg: CellConfig, A: int, dtype: torch.dtype,
                  device: torch.device):
-        # tau, neg_tau, inv_tau, neg_inv_tau, tiny, zero: shared with the relaxations' value-derivative pairs
-        self.temp = Temperature.of(tau, dtype, device)
-        for name, value in self.temp._asdict().items():
-            setattr(self, name, value)
         values = dict(
             one=1.0, neg_inf=-math.inf, inv_tau_n=1.0 / tau_n,
             buffer_limit=cfg.buffer_msgs - 0.5, subbands=float(cfg.num_subbands), se_max=cfg.se_max,
@@ -59,10 +62,27 @@ class _Consts:
             step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2, gamma=EULER_GAMMA,
             one_minus_A=1.0 - A,
         )
-        for name, value in values.items():
-            setattr(self, name, torch.tensor(value, dtype=dtype, device=device))
-        self.sr_fills_step = cfg.qa_sr_slots == cfg.num_slots
-        self.ages = torch.arange(A, dtype=dtype, device=device).view(A, 1, 1)
+        temp = Temperature.of(tau, dtype, device)
+        vector = torch.cat([torch.stack(temp), torch.tensor([values[n] for n in _SCALARS], dtype=dtype,
+                                                            device=device)])
+        self._set(vector, torch.arange(A, dtype=dtype, device=device).reshape(A, 1, 1).clone(),
+                  cfg.qa_sr_slots == cfg.num_slots)
+
+    def _set(self, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool) -> None:
+        # tau, neg_tau, inv_tau, neg_inv_tau, tiny, zero: shared with the relaxations' value-derivative pairs
+        n_temp = len(Temperature._fields)
+        self.temp = Temperature._make(vector[i] for i in range(n_temp))
+        for name, value in zip((*Temperature._fields, *_SCALARS), vector.unbind(), strict=True):
+            setattr(self, name, value)
+        self.vector, self.ages, self.sr_fills_step = vector, ages, sr_fills_step
+
+    @classmethod
+    def of_vector(cls, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool) -> "_Consts":
+        """The constants from ``vector`` (``[len(Temperature._fields) + len(_SCALARS)]``) and ``ages``
+        (``[A, 1, 1]``): inside a compiled kernel, where they are its inputs."""
+        k = cls.__new__(cls)
+        k._set(vector, ages, sr_fills_step)
+        return k
 
 
 @functools.lru_cache(maxsize=32)
@@ -243,6 +263,60 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
                           none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
 
 
+# The inputs a step's tape holds; the rest of it ``_forward`` computes.
+_TAPE_INPUTS = ("send", "msg_bytes", "snr_lin", "tx_w", "keep", "m")
+_TAPE_OWN = tuple(f for f in _Tape._fields if f not in _TAPE_INPUTS)
+
+
+def _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages,
+                  sr_fills_step: bool) -> tuple:
+    """``_forward`` on tensors only (``consts``, ``ages``: ``_Consts.vector`` and ``.ages``): the
+    step's outputs, then the tape's own tensors (``_TAPE_OWN``)."""
+    out, tape = _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
+                         _Consts.of_vector(consts, ages, sr_fills_step))
+    return (*out, *(getattr(tape, f) for f in _TAPE_OWN))
+
+
+def _forward_kernel(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages) -> tuple:
+    """``_forward_flat`` where the scheduling request leaves part of the step (a kernel's function)."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, False)
+
+
+def _forward_kernel_sr_fills_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts,
+                                  ages) -> tuple:
+    """``_forward_flat`` where the scheduling request fills the step (a kernel's function)."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, True)
+
+
+# compile=True's QAD forward on the CPU, by ``sr_fills_step``. E is the batch dimension, second to
+# last of [A, E, R], [E, R] and [E, 1]: one compile serves every E (R and A are static).
+FORWARD_KERNELS = {False: Kernel(_forward_kernel, dim=-2),
+                   True: Kernel(_forward_kernel_sr_fills_step, dim=-2)}
+
+
+def _own_storage(tensors: tuple) -> list:
+    """The tensors as a kernel takes them: contiguous, with storage of their own, none twice (a view
+    or a repeat is copied)."""
+    out, seen = [], set()
+    for t in tensors:
+        if t._base is not None or not t.is_contiguous() or t.data_ptr() in seen:
+            t = t.clone(memory_format=torch.contiguous_format)
+        seen.add(t.data_ptr())
+        out.append(t)
+    return out
+
+
+def _compiled_forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
+                      k: _Consts) -> tuple[StepOut, _Tape]:
+    """``_forward`` (the same arguments and results) through its compiled kernel."""
+    flat = FORWARD_KERNELS[k.sr_fills_step](*_own_storage((x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
+                                                            k.vector, k.ages)))
+    n = len(StepOut._fields)
+    tape = _Tape(**dict(zip(_TAPE_INPUTS, (send, msg_bytes, snr_lin, tx_w, keep, m), strict=True)),
+                 **dict(zip(_TAPE_OWN, flat[n:], strict=True)))
+    return StepOut._make(flat[:n]), tape
+
+
 def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs:
     """Adjoint of ``_forward`` (``[A, E, R]`` as there): the gradients of the step's inputs from those
     of its outputs ``grads``; None where ``needs`` (bools) says an input needs none (``keep``, ``tx_w``,
@@ -346,17 +420,18 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
                     keep=g_keep, headroom=g_m)
 
 
-def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts) -> tuple[RolloutEnd, Totals, list]:
-    """``T`` steps of ``_forward`` from ``a`` (``[A, E, R]`` ``x``, ``w``, ``keep``; ``send`` ``[E, R]``
-    or ``[T, E, R]``): the state after them, the KPI totals over steps ``t >= warmup`` (``offered``
-    includes the mass queued at the start of step ``warmup``, as ``kpi.KpiAccumulator``) and each
-    step's ``_Tape``."""
+def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts,
+                     forward=_forward) -> tuple[RolloutEnd, Totals, list]:
+    """``T`` steps of ``forward`` (``_forward`` or ``_compiled_forward``) from ``a`` (``[A, E, R]``
+    ``x``, ``w``, ``keep``; ``send`` ``[E, R]`` or ``[T, E, R]``): the state after them, the KPI
+    totals over steps ``t >= warmup`` (``offered`` includes the mass queued at the start of step
+    ``warmup``, as ``kpi.KpiAccumulator``) and each step's ``_Tape``."""
     tape, totals = [], None
     x, w, aoi = a.x, a.w, a.aoi
     queued_start = w.sum(0) if warmup == 0 else None  # the queue at the start of step warmup
     for t in range(T):
         send_t = a.send[t] if a.send.dim() == 3 else a.send
-        out, saved = _forward(x, w, aoi, send_t, a.msg_bytes, a.snr_lin, a.tx_w, a.keep, a.headroom, k)
+        out, saved = forward(x, w, aoi, send_t, a.msg_bytes, a.snr_lin, a.tx_w, a.keep, a.headroom, k)
         x, w, aoi = out.x, out.w, out.aoi
         tape.append(saved)
         if t == warmup - 1:
@@ -426,17 +501,21 @@ class QARollout(torch.autograd.Function):
     (``[A, E, R]`` and smaller) for the backward, which frees them step by step unless the graph
     is retained; once differentiable. The caller's tensors that the tape holds are saved with
     ``save_for_backward`` too, so that a backward after an in-place change of one raises, as autograd's.
+
+    With ``compiled`` the forward runs ``_compiled_forward`` (``FORWARD_KERNELS``: one inductor kernel a
+    step, compiled once for every E), outside ``inference_mode``; the backward is the same.
     """
 
     @staticmethod
     def forward(ctx, x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, T: int, warmup: int,
-                tau: float, tau_n: float, cfg: CellConfig):
+                tau: float, tau_n: float, cfg: CellConfig, compiled: bool = False):
         ctx.k = k = _consts(tau, tau_n, cfg, x.shape[-1], x.dtype, x.device)
         ctx.save_for_backward(send, msg_bytes, snr_lin, tx_w, keep, headroom)
-        with torch.inference_mode():
+        with torch.no_grad() if compiled else torch.inference_mode():
             a = StepArgs(x=_to_ages(x), w=_to_ages(w), aoi=aoi, send=send, msg_bytes=msg_bytes,
                          snr_lin=snr_lin, tx_w=tx_w, keep=_to_ages(keep), headroom=headroom)
-            end, totals, ctx.tape = _rollout_forward(a, T, warmup, k)
+            forward = _compiled_forward if compiled else _forward
+            end, totals, ctx.tape = _rollout_forward(a, T, warmup, k, forward)
         ctx.T, ctx.warmup, ctx.send_shape = T, warmup, send.shape
         end = RolloutEnd._make(map(_plain, end))
         return (*end._replace(x=_to_robots(end.x), w=_to_robots(end.w)), *map(_plain, totals))
@@ -458,14 +537,15 @@ class QARollout(torch.autograd.Function):
             g = _rollout_backward(tape, g_end, g_tot, ctx.send_shape, ctx.T, ctx.warmup, free, ctx.k, needs)
         g = StepArgs._make(map(_plain, g))
         g = g._replace(x=_to_robots(g.x), w=_to_robots(g.w), keep=_to_robots(g.keep))
-        return (*g, None, None, None, None, None)  # T, warmup, tau, tau_n, cfg
+        return (*g, None, None, None, None, None, None)  # T, warmup, tau, tau_n, cfg, compiled
 
 
 def qa_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau: float, tau_n: float,
-            cfg: CellConfig) -> StepOut:
-    """One QAD step (``tau``, ``tau_n`` > 0) as ``QARollout`` of one step: ``model._step``'s outputs."""
+            cfg: CellConfig, compiled: bool = False) -> StepOut:
+    """One QAD step (``tau``, ``tau_n`` > 0) as ``QARollout`` of one step: ``model._step``'s outputs
+    (``compiled``: its forward through the compiled kernel)."""
     end, tot = split_rollout(QARollout.apply(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, 1, 0,
-                                             tau, tau_n, cfg))
+                                             tau, tau_n, cfg, compiled))
     return StepOut(x=end.x, w=end.w, aoi=end.aoi, delivered=tot.delivered, delay_sum=tot.delay_sum,
                    timeouts=tot.timeouts, overflow=tot.overflow, energy_j=tot.energy_j,
                    queued_msgs=end.queued_msgs)

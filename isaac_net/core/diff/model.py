@@ -264,10 +264,10 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if compiled and tau > 0 and tau_n > 0:
+    if _qa_fused(mode, compiled, tau, tau_n, slots, state.x.device):
+        out = qa_step(*tensors, tau, tau_n, cfg, compiled=compiled)
+    elif compiled and tau > 0 and tau_n > 0:
         out = _run_compiled(mode, slots, tensors, tau, tau_n, cfg)
-    elif _qa_fused(mode, compiled, tau, tau_n, slots):
-        out = qa_step(*tensors, tau, tau_n, cfg)
     else:
         out = _step(*tensors, tau, tau_n, cfg, mode, slots)
     # offered and aoi are inputs / outputs already: a compiled graph that returns an alias of
@@ -277,10 +277,12 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     return FluidState(out.x, out.w, out.aoi), kpis
 
 
-def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str) -> bool:
-    """Whether QAD runs through ``_qa_step``'s node (eager, soft): not compiled, not at tau = 0
-    (the hard operations) and not ``slots="autograd"`` (autograd through ``_step``)."""
-    return mode == "QA" and not compiled and tau > 0 and tau_n > 0 and slots != "autograd"
+def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str, device: torch.device) -> bool:
+    """Whether QAD runs through ``_qa_step``'s node (soft): not at tau = 0 (the hard operations), not
+    ``slots="autograd"`` (autograd through ``_step``), and not compiled unless on the CPU (where
+    the node's forward runs as a compiled kernel)."""
+    return (mode == "QA" and tau > 0 and tau_n > 0 and slots != "autograd"
+            and (not compiled or device.type == "cpu"))
 
 
 _COMPILED_STEPS: dict = {}
@@ -397,9 +399,12 @@ class DiffFluid:
         by default ``/tmp/torchinductor_$USER``). Warm-up with an empty cache: under a minute on
         one core; with a warm one a few seconds in every new process, importing torch's
         compiler and loading the kept step, nothing traced (the cost stage measures both). At
-        ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations). On the CPU,
-        :func:`rollout` of QAD keeps its fused eager node (as fast or faster, see
-        :attr:`fused_rollout`) and compiles nothing; QAD's step loops run the compiled step.
+        ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations). On the CPU, QAD
+        (rollouts and step loops) runs its fused node with the forward compiled as one kernel a
+        step (``_qa_step.FORWARD_KERNELS``) and the hand-written backward eager: compiling the
+        step whole, forward and backward (what runs on a GPU), took twice the cold compile here
+        (23 against 13 s) for slower rollouts (E = 16: 0.028-0.034 against 0.023-0.025 s;
+        E = 1024: 0.31-0.34 against 0.23 s; T = 60, one thread, side by side).
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
@@ -503,13 +508,10 @@ class DiffFluid:
     @property
     def fused_rollout(self) -> bool:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD at tau > 0, eager,
-        and on the CPU with ``compile=True`` too. There the hand-written node is as fast as the
-        compiled step at E = 16-64 and faster from E = 256 (forward + backward, T = 60, one thread,
-        side by side: 0.067 against 0.078 s at E = 256, 0.18 against 0.28 s at 1024, 0.74 against
-        1.20 s at 4096), so compiling would cost its warm-up for nothing; a step loop
-        (:meth:`step`, :meth:`advance`) still runs the compiled step."""
+        and on the CPU with ``compile=True`` too, where the node's forward runs as a compiled kernel
+        (``_qa_step.FORWARD_KERNELS``, as a step loop's) and its hand-written backward stays eager."""
         compiled = self.compile and self.device.type != "cpu"
-        return _qa_fused(self.mode, compiled, self.tau, self.tau_n, self.slots)
+        return _qa_fused(self.mode, compiled, self.tau, self.tau_n, self.slots, self.device)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
@@ -524,7 +526,7 @@ class DiffFluid:
         s = self.state
         end, totals = split_rollout(QARollout.apply(s.x, s.w, s.aoi, send, inputs.msg_bytes, inputs.snr_lin,
                                                     inputs.tx_w, inputs.keep, inputs.headroom, T, warmup,
-                                                    self.tau, self.tau_n, self.cfg))
+                                                    self.tau, self.tau_n, self.cfg, self.compile))
         self.state = FluidState(end.x, end.w, end.aoi)
         return totals, {"queued_msgs": end.queued_msgs}
 
