@@ -21,9 +21,11 @@ whole function with autograd (the compiled step), through dynamo's ``aot_compile
 
 A cold compile can also use a core the process does not: :func:`compile_in_background` runs a
 module's kernel compiles in a new Python process while this one compiles something else (L1D's
-slot kernels while it compiles the step; inductor's probe of the CPU's vector instructions while
-QAD's step is traced, :func:`probe_isa_in_background`), and a :class:`Kernel` that would compile
-waits for such processes first, then loads what they kept.
+slot kernels while it compiles the step), and a :class:`Kernel` that would compile waits for such
+processes first, then loads what they kept; :func:`probe_isa_in_background` builds inductor's
+vector-instruction test programs there while QAD's forward kernel is traced, and nothing waits for
+it. A cold compile on the CPU tells inductor that the vector instructions torch's CPU check reports
+work instead of letting it probe each (:func:`_compile_trusting_isa`).
 """
 
 from __future__ import annotations
