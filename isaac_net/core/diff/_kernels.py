@@ -160,14 +160,19 @@ _isa_kept = False  # whether this process's own answer is in the store
 _isa_started = False  # whether this process started probe_isa_in_background's process
 
 
+def _isa_known() -> bool:
+    """Whether this process knows its vector instructions already: inductor's setting, or its answer."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    return inductor_config.cpp.vec_isa_ok is not None or valid_vec_isa_list.cache_info().currsize > 0
+
+
 def _kept_isa() -> bool | None:
     """What the store says of this machine's vector instructions, where this process knows nothing
     of them yet: True all the candidates worked, False one did not, None no answer for this
     machine (or this process knows already: inductor's own answer or setting stands)."""
-    import torch._inductor.config as inductor_config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-
-    if inductor_config.cpp.vec_isa_ok is not None or valid_vec_isa_list.cache_info().currsize > 0:
+    if _isa_known():
         return None
     try:
         kept = json.loads((_store() / _ISA_RECORD).read_text())
@@ -204,8 +209,7 @@ def _compile_trusting_isa(device: torch.device | None, compile_fn):
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    known = inductor_config.cpp.vec_isa_ok is not None or valid_vec_isa_list.cache_info().currsize > 0
-    if device is None or device.type != "cpu" or known or _kept_isa() is False:
+    if device is None or device.type != "cpu" or _isa_known() or _kept_isa() is False:
         return compile_fn()
     try:
         with inductor_config.patch({"cpp.vec_isa_ok": True}):
@@ -250,11 +254,9 @@ def probe_isa_in_background(device: torch.device | None) -> None:
     cache by then (inductor locks each one, so the two processes never build one twice): this
     process only loads them."""
     global _isa_started
-    import torch._inductor.config as inductor_config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    if (_isa_started or device is None or device.type != "cpu" or inductor_config.cpp.vec_isa_ok is not None
-            or valid_vec_isa_list.cache_info().currsize > 0 or (_store() / _ISA_RECORD).exists()
+    if (_isa_started or device is None or device.type != "cpu" or _isa_known()
+            or (_store() / _ISA_RECORD).exists()
             or any(proc.poll() is None for proc in _BACKGROUND)):  # a running compile probes for itself
         return
     _isa_started = True
@@ -307,8 +309,7 @@ def compile_in_background(target: str, spec: dict, *, wait: bool = True) -> None
     try:
         (_BACKGROUND if wait else _PROBES).append(subprocess.Popen(
             [sys.executable, "-c", _RUN_TARGET, target, json.dumps(spec)],
-                                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     except OSError:  # no new process here: compile in this one, as without
         return
 
@@ -328,10 +329,15 @@ def _join_background(timeout_s: float = 900.0) -> None:
 @atexit.register
 def _stop_background() -> None:
     """At exit, stop background compiles and probes nobody waits for (nothing of theirs is used then)."""
-    _join_background(timeout_s=0.0)
     _BACKGROUND.extend(_PROBES)
     _PROBES.clear()
     _join_background(timeout_s=0.0)
+
+
+def own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous tensor with storage of its own: a :class:`Kernel` calls its graph
+    without dynamo's guards, and those would treat views and aliased inputs apart."""
+    return t if t._base is None and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
 
 class Kernel:
@@ -573,9 +579,9 @@ class Precompiled:
             return fn
         if self.before_compile is not None:
             self.before_compile(args)
-        probe_isa_in_background(next((a.device for a in args if isinstance(a, torch.Tensor)), None))
-        self._mark_dynamic(args)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        probe_isa_in_background(device)
+        self._mark_dynamic(args)
         try:
             fn = _compile_trusting_isa(device, lambda: self._aot_compile(args))
         except Exception as e:  # noqa: BLE001 - experimental in torch: compile the usual way instead

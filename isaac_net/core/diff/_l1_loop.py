@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from isaac_net.core.diff._kernels import Kernel, compile_in_background
+from isaac_net.core.diff._kernels import Kernel, compile_in_background, own_storage
 from isaac_net.core.diff.relax import _log_pos, _tiny, smax1_vjp, smin1_vjp
 
 LN2 = math.log(2.0)
@@ -251,12 +251,6 @@ SLOT_FORWARD_GATED = Kernel(_consts_slot_forward_gated)
 SLOT_ADJOINT_GATED = Kernel(_consts_slot_adjoint_gated)
 
 
-def _own(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a contiguous tensor with storage of its own: a :class:`~._kernels.Kernel` calls its
-    graph without dynamo's guards, and those would treat views and aliased inputs apart."""
-    return t if t._base is None and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
-
-
 @torch.library.custom_op("isaac_net::l1_slot_loop", mutates_args=())
 def compiled_slot_loop(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Tensor, c0: torch.Tensor,
                        tau: torch.Tensor, consts: torch.Tensor, K: int, gate: torch.Tensor | None = None,
@@ -265,10 +259,10 @@ def compiled_slot_loop(w: torch.Tensor, log_cum: torch.Tensor, snr_lin: torch.Te
     """``(served, tx, csum, served_before)`` after K slots, in the loop's layout (``[A, R, E]``,
     ``[R, E]``; ``served_before``: ``served`` at the start of each slot, K ``[R, E]``);
     ``consts = (num_subbands, se_max, kappa)``; ``gate`` and ``served0`` as in :class:`L1SlotLoop`."""
-    w, log_cum, snr_lin, c0, tau, consts = (_own(t) for t in (w, log_cum, snr_lin, c0, tau, consts))
+    w, log_cum, snr_lin, c0, tau, consts = (own_storage(t) for t in (w, log_cum, snr_lin, c0, tau, consts))
     served = torch.zeros_like(snr_lin) if served0 is None else served0.clone()  # an output: not the input
     tx, csum, c = torch.zeros_like(snr_lin), torch.zeros_like(c0), c0
-    extra = () if gate is None else (_own(gate),)
+    extra = () if gate is None else (own_storage(gate),)
     kernel = SLOT_FORWARD if gate is None else SLOT_FORWARD_GATED
     history = []
     slot = kernel.graph(w, c, served, tx, csum, snr_lin, log_cum, tau, *extra, consts)  # every slot's shapes
@@ -294,8 +288,8 @@ def compiled_slot_loop_backward(w: torch.Tensor, log_cum: torch.Tensor, snr_lin:
     """``(gw, glc, gsnr, gc0, gserved0, ggate)`` (``ggate`` 0 without a gate): :func:`_reverse_walk`
     with one :data:`SLOT_ADJOINT` (or :data:`SLOT_ADJOINT_GATED`) call per slot."""
     w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts = (
-        _own(t) for t in (w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts))
-    gate = None if gate is None else _own(gate)
+        own_storage(t) for t in (w, log_cum, snr_lin, c0, served_K, g_served, g_tx, g_csum, tau, consts))
+    gate = None if gate is None else own_storage(gate)
     adjoint = SLOT_ADJOINT if gate is None else SLOT_ADJOINT_GATED
     kernel = []  # looked up once: every slot's shapes are the same
 
@@ -304,8 +298,8 @@ def compiled_slot_loop_backward(w: torch.Tensor, log_cum: torch.Tensor, snr_lin:
             kernel.append(adjoint.graph(*args, consts))
         return kernel[0](*args, consts)
 
-    out = _reverse_walk(step, w, log_cum, snr_lin, c0, [_own(t) for t in served_before], served_K, g_served,
-                        g_tx, g_csum, tau, gate)
+    out = _reverse_walk(step, w, log_cum, snr_lin, c0, [own_storage(t) for t in served_before], served_K,
+                        g_served, g_tx, g_csum, tau, gate)
     return out if gate is not None else (*out, torch.zeros_like(snr_lin))
 
 

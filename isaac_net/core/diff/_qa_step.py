@@ -36,7 +36,7 @@ import typing
 import torch
 
 from isaac_net.core.config import CellConfig
-from isaac_net.core.diff._kernels import Kernel
+from isaac_net.core.diff._kernels import Kernel, own_storage
 from isaac_net.core.diff._l1_loop import LN2
 from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
 from isaac_net.core.diff.relax import EULER_GAMMA, Temperature, smax1_vjp, smin1_vjp
@@ -295,12 +295,12 @@ FORWARD_KERNELS = {False: Kernel(_forward_kernel, dim=-2),
 
 
 def _own_storage(tensors: tuple) -> list:
-    """The tensors as a kernel takes them: contiguous, with storage of their own, none twice (a view
-    or a repeat is copied)."""
+    """The tensors as a kernel takes them (``own_storage``), none twice (a repeat is copied)."""
     out, seen = [], set()
     for t in tensors:
-        if t._base is not None or not t.is_contiguous() or t.data_ptr() in seen:
-            t = t.clone(memory_format=torch.contiguous_format)
+        t = own_storage(t)
+        if t.data_ptr() in seen:
+            t = t.clone()
         seen.add(t.data_ptr())
         out.append(t)
     return out

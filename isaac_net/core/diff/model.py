@@ -510,8 +510,7 @@ class DiffFluid:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD at tau > 0, eager,
         and on the CPU with ``compile=True`` too, where the node's forward runs as a compiled kernel
         (``_qa_step.FORWARD_KERNELS``, as a step loop's) and its hand-written backward stays eager."""
-        compiled = self.compile and self.device.type != "cpu"
-        return _qa_fused(self.mode, compiled, self.tau, self.tau_n, self.slots, self.device)
+        return _qa_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots, self.device)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
