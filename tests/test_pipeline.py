@@ -165,9 +165,18 @@ def fixture_artifacts() -> dict[str, dict]:
                         "l2_legacy_available": False, "compile_available": False, "num_failed": 1,
                         "cuda_available": False},
             "table": cost_rows + [large], "speedups": speedups, "large": large,
-            "warmups": [{"model": "L1D", "E": 16, "cold_s": 47.5, "cold_steady_s": 0.31, "cold_ratio": 153.2,
+            "warmups": [{"model": "L1D", "E": 16, "fresh_s": 55.0, "fresh_import_s": 6.1,
+                         "fresh_steady_s": 0.3, "cold_s": 47.5, "cold_steady_s": 0.31, "cold_ratio": 153.2,
                          "cold_import_s": 5.9, "warm_s": 6.8, "warm_import_s": 4.4, "warm_steady_s": 0.29,
-                         "cold_met": True, "warm_met": False}],
+                         "cold_met": True, "warm_met": False, "eager_steady_s": 0.9,
+                         "compiled_steady_s": 0.12, "pays": True, "fresh_break_even": 71,
+                         "cold_break_even": 61, "warm_break_even": 9},
+                        {"model": "QAD", "E": 16, "fresh_s": 20.0, "fresh_import_s": 1.3,
+                         "fresh_steady_s": 0.026, "cold_s": 10.5, "cold_steady_s": 0.025, "cold_ratio": 420.0,
+                         "cold_import_s": 1.2, "warm_s": 2.4, "warm_import_s": 1.0, "warm_steady_s": 0.03,
+                         "cold_met": False, "warm_met": True, "eager_steady_s": 0.03,
+                         "compiled_steady_s": 0.036, "pays": False, "fresh_break_even": None,
+                         "cold_break_even": None, "warm_break_even": None}],
             "targets": [{"model": "L1D", "variant": "compiled", "E": 16, "s": 0.1, "measured_s": 0.12,
                          "met": False}],
             "unavailable": {"L2-legacy": "ModuleNotFoundError: no l2_legacy"},
@@ -406,9 +415,17 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "No CUDA device was visible to this run" in cost
     assert "| L1D | compiled | 16 | 0.1 | 0.12 | **not met** |" in cost
     # the warm-up row and its targets
-    assert "| L1D | 47.5 | 0.31 | 153 | 6.8 | 4.4 | met | **not met** |" in cost
+    assert "| L1D | 55 | 47.5 | 0.31 | 153 | 6.8 | 4.4 | 71 / 61 / 9 | met | **not met** |" in cost
     assert ("- L1D's cold first call took 47.5 s, 153 steady rollouts: both cold targets met; the warm one "
             "took 6.8 s against 5 s: **not met**; 4.4 s of it is importing torch's compiler") in cost
+    assert ("On a fresh machine, where inductor also builds its precompiled header, the first call took "
+            "55 s. At E = 16, `compile=True` pays for itself after 9 rollouts with a warm cache (61 cold, "
+            "71 on a fresh machine): its steady rollout takes 0.12 s against 0.9 s eager.") in cost
+    # a compiled rollout slower than eager never pays, and a missed ratio says which target missed
+    assert "| QAD | 20 | 10.5 | 0.025 | 420 | 2.4 | 1 | never | **not met** | met |" in cost
+    assert "the seconds met, the ratio missed" in cost
+    assert ("At E = 16, `compile=True` never pays for itself: its steady rollout takes 0.036 s against "
+            "0.03 s eager.") in cost
     assert "failed: `timed out after 900 s`" in cost
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
@@ -837,17 +854,73 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
         "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete",
-        "compiled, first call, cold cache", "compiled, first call, warm cache"}
+        "compiled, first call, fresh machine", "compiled, first call, cold cache",
+        "compiled, first call, warm cache"}
     assert {j["name"] for j in cpu if cost._variant(j) == "compiled"} == {"L1", "QA"}
     extra = [E for E in params["speedup_E"] if E not in params["E"]]
     assert sorted((j["E"], j["compile"]) for j in cpu if j["name"] == "QA" and j["E"] in extra) == sorted(
         (E, c) for E in extra for c in (False, True))
     assert sorted((j["name"], j["E"]) for j in cpu if j.get("slots") == "autograd") == sorted(
         [(m, E) for m in ("L1", "QA") for E in params["E"]] + [("L1", E) for E in extra])
-    # the first compiled calls run first, cold before warm, while each model's cache is empty
+    # the first compiled calls run first, fresh, then cold before warm, while each model's cache is empty
     first = [(j["name"], j["cache"]) for j in cpu if j.get("cache")]
-    assert first == [(m, c) for m in params["modes"] for c in ("cold", "warm")]
+    assert first == [(m, c) for m in params["modes"] for c in ("fresh", "cold", "warm")]
     assert [j.get("cache") for j in cpu[:len(first)]] == [c for _, c in first]
+
+
+def test_compile_pays_for_itself_after_the_rollouts_its_first_call_costs():
+    """N rollouts with compile=True (first call, then steady ones) against N eager: the smallest N
+    where compiling is no slower; never where the compiled rollout is not the faster."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    w = {"fresh_s": 55.0, "cold_s": 47.5, "warm_s": 0.9}
+    got = cost._break_even(w, eager_s=0.9, compiled_s=0.12)
+    # (55 - 0.12) / 0.78 = 70.4, (47.5 - 0.12) / 0.78 = 60.7; a first call as fast as eager pays at once
+    assert (got["fresh_break_even"], got["cold_break_even"], got["warm_break_even"]) == (71, 61, 1)
+    assert got["pays"] is True and (got["eager_steady_s"], got["compiled_steady_s"]) == (0.9, 0.12)
+    n = got["cold_break_even"]
+    assert 47.5 + (n - 1) * 0.12 <= n * 0.9 < 47.5 + (n - 2) * 0.12 + 0.9  # n pays, n - 1 does not
+    never = cost._break_even(w, eager_s=0.03, compiled_s=0.036)
+    assert never["pays"] is False and never["cold_break_even"] is None
+    missing = cost._break_even({**w, "fresh_s": None}, eager_s=None, compiled_s=0.12)
+    assert missing["pays"] is None and missing["warm_break_even"] is None
+    assert cost._break_even({**w, "fresh_s": None}, 0.9, 0.12)["fresh_break_even"] is None
+
+
+def test_first_calls_get_their_own_directories(monkeypatch):
+    """The fresh machine compiles into its own empty cache and temporary directory; the cold and warm
+    first calls share that temporary directory (inductor's precompiled header) and the model's cache;
+    the steady rows use the model's cache and the system's temporary directory."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    calls = []
+    monkeypatch.setattr(cost, "measure_in_child",
+                        lambda spec, timeout_s, cache_dir=None, tmp_dir=None: calls.append(
+                            (spec.get("cache"), cache_dir, tmp_dir)) or {"forward_s": 1.0, "backward_s": 1.0})
+    dirs = {"QA": {"cache": "/c", "fresh": "/f", "tmp": "/t"}}
+    rows = []
+    for cache in ("fresh", "cold", "warm", None):
+        job = {"kind": "relaxed", "name": "QA", "E": 16, "compile": True, "threads": 1, "device": "cpu",
+               **({"cache": cache} if cache else {})}
+        cost._measure_job(job, {"R": 8, "T": 60}, {"timeout_s": 10}, dirs, rows, {})
+    assert calls == [("fresh", "/f", "/t"), ("cold", "/c", "/t"), ("warm", "/c", "/t"), (None, "/c", None)]
+    assert [r["variant"] for r in rows] == [f"compiled, first call, {what}" for what in
+                                            ("fresh machine", "cold cache", "warm cache")] + ["compiled"]
+
+
+def test_a_measure_child_gets_the_cache_and_temporary_directory_it_is_given(monkeypatch):
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    seen = []
+    monkeypatch.setattr(cost, "run_child", lambda cmd, timeout_s, env=None: seen.append(env) or (0, "{}", ""))
+    cost.measure_in_child({}, 10, "/c", "/t")
+    cost.measure_in_child({}, 10, "/c")
+    cost.measure_in_child({}, 10)
+    assert seen == [{"TORCHINDUCTOR_CACHE_DIR": "/c", "TMPDIR": "/t"}, {"TORCHINDUCTOR_CACHE_DIR": "/c"},
+                    None]
 
 
 CHILD = """

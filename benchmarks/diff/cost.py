@@ -8,7 +8,12 @@ ratio to the earlier version's figures.
 
 Every child process compiles into an inductor cache directory of this stage's own (one per
 model, created empty), so the "cold cache" rows are cold on any machine and the rest do not
-depend on what the user's cache holds.
+depend on what the user's cache holds. Inductor keeps one thing outside that directory: its
+precompiled C++ header, built once per machine, torch version and compiler flags in the system's
+temporary directory. The first compiled call of each model therefore runs first with an empty
+temporary directory too ("fresh machine": nothing of the compiler kept anywhere), and the cold and
+warm ones then share that temporary directory, which now holds the header: they do not depend on
+what this machine compiled before either.
 
 Each measurement runs in a fresh process (``cost.py --measure SPEC``) with a time limit,
 so that a slow ``torch.compile`` is recorded as timed out instead of holding the stage,
@@ -17,6 +22,7 @@ are its own.
 """
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -167,10 +173,13 @@ def run_child(cmd: list[str], timeout_s: float, env: dict | None = None) -> tupl
     return proc.returncode, stdout, stderr
 
 
-def measure_in_child(spec: dict, timeout_s: float, cache_dir: str | None = None) -> dict:
-    """Run ``measure(spec)`` in a child process (``run_child``), compiling into ``cache_dir``."""
+def measure_in_child(spec: dict, timeout_s: float, cache_dir: str | None = None,
+                     tmp_dir: str | None = None) -> dict:
+    """Run ``measure(spec)`` in a child process (``run_child``), compiling into ``cache_dir`` with
+    ``tmp_dir`` as its temporary directory (where inductor keeps its precompiled header)."""
     cmd = [sys.executable, str(SCRIPT), "--measure", json.dumps(spec)]
-    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else None
+    env = {**({"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else {}),
+           **({"TMPDIR": tmp_dir} if tmp_dir else {})} or None
     returncode, stdout, stderr = run_child(cmd, timeout_s, env)
     if returncode is None:
         return {"error": f"timed out after {timeout_s:g} s"}
@@ -189,7 +198,7 @@ def _jobs(params: dict, device: str) -> list[dict]:
     jobs = []
     if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
         jobs += [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
-                  "cache": cache} for m in params["modes"] for cache in ("cold", "warm")]
+                  "cache": cache} for m in params["modes"] for cache in FIRST_CALLS]
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
              for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
     # Autograd through every op (L1D: every slot, the earlier version's design; QAD: the step's ops)
@@ -219,9 +228,14 @@ def _jobs(params: dict, device: str) -> list[dict]:
     return [{**j, "device": device} for j in jobs]
 
 
+# The first compiled calls, in the order they run: with nothing of the compiler kept (an empty cache
+# directory and an empty temporary directory), then an empty cache directory, then the cache that one filled.
+FIRST_CALLS = {"fresh": "fresh machine", "cold": "cold cache", "warm": "warm cache"}
+
+
 def _variant(job: dict) -> str:
     if job.get("cache"):
-        return f"compiled, first call, {job['cache']} cache"
+        return f"compiled, first call, {FIRST_CALLS[job['cache']]}"
     if job["kind"] == "discrete":
         return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
     if job.get("slots") == "autograd":
@@ -241,6 +255,25 @@ def _earlier_ratio(row: dict, earlier_s: dict) -> float | None:
     return None
 
 
+def _break_even(warmup: dict, eager_s: float | None, compiled_s: float | None) -> dict:
+    """When ``compile=True`` pays for itself: the number of rollouts N after which N rollouts with it
+    (the first call, then N - 1 steady ones) take no longer than N eager ones, from the warm-up's first
+    calls and the table's steady rollouts at its E (best of the repeats, eager and compiled measured the
+    same way); the eager first call counted as a steady one. None where a time is missing or where the
+    compiled rollout is not the faster (``pays`` False: it never pays)."""
+    out = {"eager_steady_s": eager_s, "compiled_steady_s": compiled_s, "pays": None,
+           **{f"{cache}_break_even": None for cache in FIRST_CALLS}}
+    if eager_s is None or compiled_s is None:
+        return out
+    gain_s = eager_s - compiled_s
+    out["pays"] = gain_s > 0
+    for cache in FIRST_CALLS:
+        first_s = warmup[f"{cache}_s"]
+        if out["pays"] and first_s is not None:
+            out[f"{cache}_break_even"] = max(1, math.ceil((first_s - compiled_s) / gain_s))
+    return out
+
+
 def main(stage, params: dict, out: dict) -> None:
     """Wall time and memory of relaxed and discrete rollouts."""
     common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
@@ -249,22 +282,28 @@ def main(stage, params: dict, out: dict) -> None:
     devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
     jobs = [j for dev in devices for j in _jobs(params, dev)]
     rows, unavailable = [], {}
-    caches = {m: tempfile.mkdtemp(prefix=f"isaac_cost_inductor_{m}_") for m in params["modes"]}
+    # per model: the cache directory of the cold, warm and steady rows, the fresh machine's, and the
+    # temporary directory of the first calls (the fresh machine builds inductor's header into it)
+    dirs = {m: {d: tempfile.mkdtemp(prefix=f"isaac_cost_{d}_{m}_") for d in ("cache", "fresh", "tmp")}
+            for m in params["modes"]}
     try:
         for job in tqdm(jobs, desc="cost", mininterval=2.0):
             if job["name"] in unavailable and job["kind"] == "discrete":
                 continue
-            _measure_job(job, common, params, caches, rows, unavailable)
+            _measure_job(job, common, params, dirs, rows, unavailable)
     finally:
-        for d in caches.values():
+        for d in (d for model in dirs.values() for d in model.values()):
             shutil.rmtree(d, ignore_errors=True)
     _summarise(stage, params, common, devices, rows, unavailable, out)
 
 
-def _measure_job(job: dict, common: dict, params: dict, caches: dict, rows: list, unavailable: dict) -> None:
+def _measure_job(job: dict, common: dict, params: dict, dirs: dict, rows: list, unavailable: dict) -> None:
     """One row of the table from a child process (a discrete level that fails is marked unavailable)."""
     spec = {**common, **job}
-    r = measure_in_child(spec, params["timeout_s"], caches.get(job["name"]))
+    model_dirs = dirs.get(job["name"], {})
+    first_call = job.get("cache")
+    cache = model_dirs.get("fresh" if first_call == "fresh" else "cache")
+    r = measure_in_child(spec, params["timeout_s"], cache, model_dirs.get("tmp") if first_call else None)
     model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
     if "error" in r:
         where = f"E={job['E']} compile={job['compile']} threads={job['threads']} device={job['device']}"
@@ -306,11 +345,11 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
     for m in params["modes"]:
         first = {r["variant"]: r for r in rows
                  if r["model"] == f"{m}D" and r["available"] and "first call" in r["variant"]}
-        cold, warm = (first.get(f"compiled, first call, {c} cache") for c in ("cold", "warm"))
-        if not cold and not warm:
+        fresh, cold, warm = (first.get(f"compiled, first call, {what}") for what in FIRST_CALLS.values())
+        if not fresh and not cold and not warm:
             continue
         w = {"model": f"{m}D", "E": params["warmup"]["E"]}
-        for name, r in (("cold", cold), ("warm", warm)):  # what a user waits for: imports included
+        for name, r in (("fresh", fresh), ("cold", cold), ("warm", warm)):  # imports included
             w[f"{name}_s"] = r["import_s"] + r["first_forward_s"] + r["first_backward_s"] if r else None
             w[f"{name}_import_s"] = r["import_s"] if r else None
             w[f"{name}_steady_s"] = r["forward_s"] + r["backward_s"] if r else None
@@ -319,6 +358,7 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
         w["cold_met"] = None if cold is None else (w["cold_s"] <= t["cold_s"]
                                                    and w["cold_ratio"] <= t["cold_ratio"])
         w["warm_met"] = None if warm is None else w["warm_s"] <= t["warm_s"]
+        w.update(_break_even(w, total(f"{m}D", "eager", w["E"]), total(f"{m}D", "compiled", w["E"])))
         warmups.append(w)
     large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
              and r["T"] == params["large"]["T"]]
