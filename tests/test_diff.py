@@ -888,6 +888,24 @@ def test_a_kernel_takes_its_batch_dimension_where_it_is_told(tmp_path, monkeypat
             _kernels.Kernel(_kernel_body, dim=bad)
 
 
+def test_a_kernel_of_a_function_without_a_source_file_compiles_and_keeps_nothing(tmp_path, monkeypatch):
+    """A function defined by ``exec`` (or at a prompt) has no file to hash: nothing would tell a
+    changed one from a kept one, so it is compiled in each process and nothing is stored."""
+    from isaac_net.core.diff import _kernels
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    space = {"torch": torch}
+    exec("def body(a, b):\n    return (a * b - 2.0,)\n", space)
+    assert _kernels._source_key(space["body"]) is None and _kernels._source_key(_kernel_body) is not None
+    g = torch.Generator().manual_seed(13)
+    a, b = (torch.rand(3, 5, generator=g, dtype=F64) for _ in range(2))
+    for kernel in (_kernels.Kernel(space["body"]), _kernels.Kernel(space["body"])):  # as two processes
+        (got,) = kernel(a, b)
+        torch.testing.assert_close(got, a * b - 2.0, rtol=1e-12, atol=0)
+        assert (kernel.num_compiles, kernel.num_loads) == (1, 0)
+    assert sorted(f.name for f in tmp_path.iterdir() if f.name != "vec_isa.json") == []
+
+
 def _precompiled_body(a, b, how: str):
     """A precompiled function (module level, as the store's key names it): tensors and a constant."""
     return (a * b + 1.0 if how == "affine" else a - b), torch.exp(-a) * b

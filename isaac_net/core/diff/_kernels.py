@@ -89,10 +89,23 @@ def _library_key() -> str:
     return h.hexdigest()
 
 
+def _source_key(fn) -> str | None:
+    """The hash of a kernel function's own module (it may live outside the library); None where it
+    has no source file to read (defined at a prompt or by ``exec``): then nothing of it is kept,
+    since nothing would tell a changed function from the kept one."""
+    try:
+        path = inspect.getsourcefile(fn)
+    except TypeError:  # a builtin
+        path = None
+    return None if path is None else _file_key(path)
+
+
 @functools.cache
-def _source_key(path: str) -> str:
-    """The hash of a kernel function's own module (it may live outside the library)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def _file_key(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:  # "<string>", "<stdin>", a deleted file
+        return None
 
 
 def _target(device: torch.device) -> list:
@@ -418,20 +431,24 @@ class Kernel:
         # the same outputs as the whole compiled function; that function where not.
         if graph.fn is None or not _same(graph(*args), result):
             graph.fn = lambda inputs, fn=compiled: fn(*inputs)
-        else:
+        elif path is not None:
             self._save(path, graph, inner)
         _remember_isa()
         self._graphs.append(graph)
         self.num_compiles += 1
         return self._graphs[-1]
 
-    def _path(self, args: tuple) -> Path:
+    def _path(self, args: tuple) -> Path | None:
         """The store's file for these arguments: their dtype, device and sizes, the batch dimension
-        (``dim``) of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1)."""
+        (``dim``) of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1); None
+        for a function without a source file (nothing kept)."""
+        source = _source_key(self.fn)
+        if source is None:
+            return None
         sizes = [[-1 if t.dim() > 1 and d == t.dim() + self.dim and n != 1 else n
                   for d, n in enumerate(t.shape)] for t in args]
         device = args[0].device
-        what = [self.fn.__module__, self.fn.__qualname__, _source_key(inspect.getsourcefile(self.fn)),
+        what = [self.fn.__module__, self.fn.__qualname__, source,
                 _library_key(), str(args[0].dtype), str(device), sizes, *_target(device)]
         return _store_file(what, ".json")
 
@@ -452,7 +469,7 @@ class Kernel:
     def _load(self, path: Path, args: tuple) -> _Graph | None:
         """The graph kept at ``path`` for these arguments, checked against the function run eagerly,
         or None."""
-        if not path.exists():
+        if path is None or not path.exists():
             return None
         try:
             from torch._inductor.codecache import PyCodeCache
@@ -564,9 +581,12 @@ class Precompiled:
             if isinstance(a, torch.Tensor) and a.dim() > self.dim:
                 torch._dynamo.maybe_mark_dynamic(a, self.dim)
 
-    def _path(self, pattern: tuple, args: tuple) -> Path:
-        what = [self.fn.__module__, self.fn.__qualname__, list(self.tag),
-                _source_key(inspect.getsourcefile(self.fn)), _library_key(), repr(pattern)]
+    def _path(self, pattern: tuple, args: tuple) -> Path | None:
+        source = _source_key(self.fn)
+        if source is None:  # no source file: nothing kept
+            return None
+        what = [self.fn.__module__, self.fn.__qualname__, list(self.tag), source, _library_key(),
+                repr(pattern)]
         for device in sorted({a.device for a in args if isinstance(a, torch.Tensor)}, key=str):
             what += _target(device)
         return _store_file(what, ".aot")
@@ -590,6 +610,8 @@ class Precompiled:
             return None
         self.num_compiles += 1
         _remember_isa()
+        if path is None:
+            return fn
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fn.save_compiled_function(str(path))  # written to a temporary file, then renamed
@@ -613,7 +635,7 @@ class Precompiled:
     def _load(self, path: Path, args: tuple):
         """The function kept at ``path``, if it loads, its guards take ``args`` and its outputs match
         ``fn``'s run eagerly; otherwise None."""
-        if not path.exists():
+        if path is None or not path.exists():
             return None
         try:
             with path.open("rb") as f, _known_isa():
