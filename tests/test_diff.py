@@ -837,6 +837,9 @@ def test_a_cold_compile_trusts_the_cpus_vector_instructions_and_probes_where_tha
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     known = functools.cache(lambda: ["told"])
     monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", known)
+    around = []  # the background probe before each compile, the answer kept after each one that succeeds
+    monkeypatch.setattr(_kernels, "probe_isa_in_background", lambda device: around.append(("probe", device)))
+    monkeypatch.setattr(_kernels, "_remember_isa", lambda: around.append("kept"))
     calls = []
 
     def compile_fn(fail: bool = False):
@@ -848,6 +851,7 @@ def test_a_cold_compile_trusts_the_cpus_vector_instructions_and_probes_where_tha
 
     assert _kernels._compile_trusting_isa(torch.device("cpu"), compile_fn) == "compiled"
     assert calls == [True] and inductor_config.cpp.vec_isa_ok is None
+    assert around == [("probe", torch.device("cpu")), "kept"]
     assert _kernels._compile_trusting_isa(torch.device("cpu"), compile_fn) == "compiled"  # knows now
     assert calls == [True, None]
     for device in (torch.device("cuda"), None):  # nothing of inductor's C++ to build

@@ -345,11 +345,12 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
     for m in params["modes"]:
         first = {r["variant"]: r for r in rows
                  if r["model"] == f"{m}D" and r["available"] and "first call" in r["variant"]}
-        fresh, cold, warm = (first.get(f"compiled, first call, {what}") for what in FIRST_CALLS.values())
-        if not fresh and not cold and not warm:
+        calls = {name: first.get(f"compiled, first call, {what}") for name, what in FIRST_CALLS.items()}
+        if not any(calls.values()):
             continue
+        cold, warm = calls["cold"], calls["warm"]
         w = {"model": f"{m}D", "E": params["warmup"]["E"]}
-        for name, r in (("fresh", fresh), ("cold", cold), ("warm", warm)):  # imports included
+        for name, r in calls.items():  # what a user waits for: imports included
             w[f"{name}_s"] = r["import_s"] + r["first_forward_s"] + r["first_backward_s"] if r else None
             w[f"{name}_import_s"] = r["import_s"] if r else None
             w[f"{name}_steady_s"] = r["forward_s"] + r["backward_s"] if r else None

@@ -212,26 +212,32 @@ def _known_isa():
 
 
 def _compile_trusting_isa(device: torch.device | None, compile_fn):
-    """``compile_fn()`` (a compile on ``device``) with inductor told that the vector instructions
-    torch's CPU check reports all work (``cpp.vec_isa_ok``, inductor's own setting) where this
-    process knows nothing of them yet and the store says no candidate failed here: instead of
-    inductor's probe (a test program built and loaded per candidate, about 5 s of a ~13 s cold
-    first call), the compiled kernel, built with the best candidate's instructions and loaded,
-    is the test. Where that compile fails (a compiler that cannot build them), inductor probes and
-    ``compile_fn`` runs again. After a compile that succeeds, :func:`_remember_isa` keeps the answer."""
+    """``compile_fn()`` (a compile on ``device``: :class:`Kernel`'s and :class:`Precompiled`'s) with
+    inductor told that the vector instructions torch's CPU check reports all work
+    (``cpp.vec_isa_ok``, inductor's own setting) where this process knows nothing of them yet and
+    the store says no candidate failed here: instead of inductor's probe (a test program built and
+    loaded per candidate, about 5 s of a ~13 s cold first call), the compiled kernel, built with the
+    best candidate's instructions and loaded, is the test. Where that compile fails (a compiler that
+    cannot build them), inductor probes and ``compile_fn`` runs again. What inductor builds even
+    when told runs meanwhile in another process (:func:`probe_isa_in_background`); after a compile
+    that succeeds, :func:`_remember_isa` keeps the answer."""
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+    probe_isa_in_background(device)
     if device is None or device.type != "cpu" or _isa_known() or _kept_isa() is False:
-        return compile_fn()
-    try:
-        with inductor_config.patch({"cpp.vec_isa_ok": True}):
-            return compile_fn()
-    except Exception as e:  # noqa: BLE001 - any failure: inductor's probe decides, and the compile runs again
-        valid_vec_isa_list.cache_clear()  # the list it was told
-        _warn_once(f"a compile with the CPU's vector instructions trusted failed ({type(e).__name__}: {e}); "
-                   "inductor probes them and it compiles again")
-        return compile_fn()
+        result = compile_fn()
+    else:
+        try:
+            with inductor_config.patch({"cpp.vec_isa_ok": True}):
+                result = compile_fn()
+        except Exception as e:  # noqa: BLE001 - any failure: inductor's probe decides, and it compiles again
+            valid_vec_isa_list.cache_clear()  # the list it was told
+            _warn_once(f"a compile with the CPU's vector instructions trusted failed ({type(e).__name__}: "
+                       f"{e}); inductor probes them and it compiles again")
+            result = compile_fn()
+    _remember_isa()
+    return result
 
 
 def _remember_isa() -> None:
@@ -405,11 +411,9 @@ class Kernel:
             self._graphs.append(graph)
             self.num_loads += 1
             return graph
-        probe_isa_in_background(args[0].device)
         for t in args:  # the batch dimension; 0-d and 1-d constants stay static
             if t.dim() > 1:
                 torch._dynamo.maybe_mark_dynamic(t, t.dim() + self.dim)
-        self._kept = None
         if self._dynamo is None:
             self._dynamo = torch.compile(self.fn, backend=self._keep, dynamic=False, fullgraph=True)
         def compile_here():
@@ -433,7 +437,6 @@ class Kernel:
             graph.fn = lambda inputs, fn=compiled: fn(*inputs)
         elif path is not None:
             self._save(path, graph, inner)
-        _remember_isa()
         self._graphs.append(graph)
         self.num_compiles += 1
         return self._graphs[-1]
@@ -600,7 +603,6 @@ class Precompiled:
         if self.before_compile is not None:
             self.before_compile(args)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-        probe_isa_in_background(device)
         self._mark_dynamic(args)
         try:
             fn = _compile_trusting_isa(device, lambda: self._aot_compile(args))
@@ -609,7 +611,6 @@ class Precompiled:
                        "compiled by torch.compile in each process instead")
             return None
         self.num_compiles += 1
-        _remember_isa()
         if path is None:
             return fn
         try:
