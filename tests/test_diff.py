@@ -669,7 +669,7 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     """A Kernel keeps what inductor compiled on disk; a new Kernel of the same function (as in a new
     process: nothing in memory) loads it for any batch size instead of tracing again, and a
     damaged store file is compiled again, not trusted."""
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     g = torch.Generator().manual_seed(9)
@@ -697,7 +697,8 @@ def test_the_slot_kernels_compile_in_another_process_while_the_step_compiles(tmp
     """Before a cold compile of L1D's step its slot kernels are compiled in a background process
     into the same store; the first slot loop waits for it and loads them (nothing compiled here),
     with the outputs and gradients of the eager node."""
-    from isaac_net.core.diff import _kernels, _l1_loop
+    from isaac_net.core import _kernels
+    from isaac_net.core.diff import _l1_loop
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the background process's store too
     fresh = {name: _kernels.Kernel(getattr(_l1_loop, name).fn) for name in ("SLOT_FORWARD", "SLOT_ADJOINT")}
@@ -733,7 +734,7 @@ def test_the_store_keeps_inductors_answer_on_the_cpus_vector_instructions(tmp_pa
     import torch._inductor.config as inductor_config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     monkeypatch.setattr(_kernels, "_isa_told", False)
@@ -772,7 +773,7 @@ def test_a_cold_compile_starts_inductors_vector_probe_on_another_core_once(tmp_p
 
     from torch._inductor import cpu_vec_isa
 
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     started = []
     monkeypatch.setattr(_kernels, "compile_in_background",
@@ -792,7 +793,7 @@ def test_a_cold_compile_starts_inductors_vector_probe_on_another_core_once(tmp_p
     assert started == []
     _kernels.probe_isa_in_background(torch.device("cpu"))
     _kernels.probe_isa_in_background(torch.device("cpu"))
-    assert started == [("isaac_net.core.diff._kernels:_probe_isa", {}, False)]  # not waited for
+    assert started == [("isaac_net.core._kernels:_probe_isa", {}, False)]  # not waited for
     monkeypatch.setattr(_kernels, "_isa_started", False)
     (tmp_path / "vec_isa.json").write_text("{}")  # an answer kept: loads are told, compiles probe
     _kernels.probe_isa_in_background(torch.device("cpu"))
@@ -832,7 +833,7 @@ def test_a_cold_compile_trusts_the_cpus_vector_instructions_and_probes_where_tha
     import torch._inductor.config as inductor_config
     from torch._inductor import cpu_vec_isa
 
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     known = functools.cache(lambda: ["told"])
@@ -877,7 +878,7 @@ def test_a_cold_compile_trusts_the_cpus_vector_instructions_and_probes_where_tha
 def test_a_kernel_takes_its_batch_dimension_where_it_is_told(tmp_path, monkeypatch):
     """``Kernel(dim=-2)``: the second-to-last dimension of every tensor of rank > 1 is symbolic, so
     new sizes there compile nothing; a dim that is not a negative int is refused."""
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     kernel = _kernels.Kernel(_kernel_body, dim=-2)
@@ -895,7 +896,7 @@ def test_a_kernel_takes_its_batch_dimension_where_it_is_told(tmp_path, monkeypat
 def test_a_kernel_of_a_function_without_a_source_file_compiles_and_keeps_nothing(tmp_path, monkeypatch):
     """A function defined by ``exec`` (or at a prompt) has no file to hash: nothing would tell a
     changed one from a kept one, so it is compiled in each process and nothing is stored."""
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     space = {"torch": torch}
@@ -919,7 +920,7 @@ def test_a_precompiled_function_is_loaded_by_a_later_process(tmp_path, monkeypat
     """A Precompiled function is compiled once ahead of its call for every batch size and kept on
     disk; a new Precompiled of it (as in a new process) loads it without compiling, its forward and
     backward equal to the function's; a damaged file is compiled again, not trusted."""
-    from isaac_net.core.diff import _kernels
+    from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
     g = torch.Generator().manual_seed(10)

@@ -218,6 +218,10 @@ def _jobs(params: dict, device: str) -> list[dict]:
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
     jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
              for E in params["E"] for lv in levels for th in threads]
+    # L2-legacy's compiled slot loop: the same step, each slot one kernel.
+    if params["l2_legacy"] and params.get("l2_compiled") and device == "cpu":
+        jobs += [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
+                  "backend": "compiled"} for E in params["E"]]
     if device == "cuda":  # the captured step of the levels that have one
         jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
                   "backend": "cuda_graph"} for E in params["E"] for lv in levels if lv != "L2-legacy"]
@@ -237,7 +241,8 @@ def _variant(job: dict) -> str:
     if job.get("cache"):
         return f"compiled, first call, {FIRST_CALLS[job['cache']]}"
     if job["kind"] == "discrete":
-        return "discrete, cuda graph" if job.get("backend") == "cuda_graph" else "discrete"
+        return {"cuda_graph": "discrete, cuda graph", "compiled": "discrete, compiled slot"}.get(
+            job.get("backend"), "discrete")
     if job.get("slots") == "autograd":
         return "per-slot autograd" if job["name"] == "L1" else "per-op autograd"
     return "compiled" if job["compile"] else "eager"

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from isaac_net.core.diff._kernels import Kernel, compile_in_background, own_storage
+from isaac_net.core._kernels import Kernel, compile_in_background, own_storage
 from isaac_net.core.diff.relax import _log_pos, _tiny, smax1_vjp, smin1_vjp
 
 LN2 = math.log(2.0)
@@ -66,7 +66,7 @@ def _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, num_subbands, s
                   gate=None):
     """One slot forward: ``(served, tx, csum, c)`` after it from the same before it, and the slot's
     ``TAPE`` values (derivatives with ``deriv``). The body of both loops (a
-    :class:`~._kernels.Kernel` in the compiled one, through :func:`_consts_slot_forward`)."""
+    :class:`~isaac_net.core._kernels.Kernel` in the compiled one, through :func:`_consts_slot_forward`)."""
     values, served, bg = _slot(w, c, served, snr_lin, tau, num_subbands, se_max, kappa, deriv=deriv,
                                gate=gate)
     s1 = values[9]

@@ -35,8 +35,8 @@ import typing
 
 import torch
 
+from isaac_net.core._kernels import Kernel, own_storage
 from isaac_net.core.config import CellConfig
-from isaac_net.core.diff._kernels import Kernel, own_storage
 from isaac_net.core.diff._l1_loop import LN2
 from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
 from isaac_net.core.diff.relax import EULER_GAMMA, Temperature, smax1_vjp, smin1_vjp

@@ -17,9 +17,9 @@ import typing
 import torch
 
 from isaac_net.core import _validate, radio
+from isaac_net.core._kernels import Precompiled
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import _l1_loop, relax
-from isaac_net.core.diff._kernels import Precompiled
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
@@ -293,7 +293,7 @@ def _compiled_step(mode: str, slots: str) -> Precompiled:
     ``CellConfig`` serves every batch size (the batch dimension is symbolic, R and A static),
     forward and backward each fused by inductor; the temperatures are tensor inputs. L1D's slot
     loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``). Kept on disk and
-    loaded by a later process without tracing (:class:`~._kernels.Precompiled`)."""
+    loaded by a later process without tracing (:class:`~isaac_net.core._kernels.Precompiled`)."""
     key = (mode, slots)
     if key not in _COMPILED_STEPS:
         before = _slot_kernels_in_background if mode == "L1" and slots != "autograd" else None

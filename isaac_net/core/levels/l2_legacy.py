@@ -131,6 +131,9 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+# The slot loops: "eager" (torch ops, host-side branches skip rare work on the CPU) and "compiled"
+# (the slot body as one compiled kernel, _l2_slot; the same events).
+SLOT_LOOPS = ("eager", "compiled")
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
 
 
@@ -297,7 +300,7 @@ def messages_by_age(q: Queue, t: int, A: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, nack_below: torch.Tensor,
-             bler_c: float, bler_b: torch.Tensor, harq_max_tx: int) -> Tx:
+             bler_c: float, bler_b: torch.Tensor, harq_max_tx: int, *, axis: int = -1) -> Tx:
     """The retransmission due now or a new TB on the grant, and its HARQ feedback.
 
     A new TB takes the oldest ``unsched`` bytes (``[E, R, A]``) up to the grant's size; the SINR
@@ -305,43 +308,51 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
     with the earlier transmissions of the TB; NACK iff ``bler_c ln(acc) + bler_b[mcs] < nack_below``
     (``[E, R]``; ``u < BLER`` in logit form). As the level keeps them, a robot with a retransmission
     due has no grant (its known buffer is 0 when the gNB grants) and an idle process no subbands.
+
+    ``axis``: the messages' and subbands' dimension (-1; the compiled slot keeps the envs last,
+    ``[R, A, E]`` and ``[R, S, E]``, and passes -2). Likewise in :func:`deliver`, :func:`rlc_failure`
+    and :func:`harq_next`.
     """
     is_retx = hq.active.clone()  # the caller overwrites the process
-    cum = unsched.cumsum(-1)
-    take = (gr.tbs.unsqueeze(-1) - cum).add_(unsched).clamp_(min=0)
+    cum = mech.cumsum(unsched, axis)
+    take = (gr.tbs.unsqueeze(axis) - cum).add_(unsched).clamp_(min=0)
     take = torch.minimum(take, unsched, out=take)  # FIFO
-    tb_bytes = take.sum(-1)
+    tb_bytes = take.sum(axis)
     is_new = tb_bytes > 0
     is_tx = is_retx | is_new
     sb = hq.sb | gr.sb  # either the retransmission's subbands or the grant's (see above)
-    n_sb = mech.count_true(sb, -1).clamp_(min=1).to(rx_now.dtype)
-    acc = hq.acc + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(-1), sb, n_sb)  # chase
+    n_sb = mech.count_true(sb, axis).clamp_(min=1).to(rx_now.dtype)
+    acc = hq.acc + mech.effective_sinr_lin(rx_now / n_sb.unsqueeze(axis), sb, n_sb, dim=axis)  # chase
     mcs = torch.where(is_retx, hq.mcs, gr.mcs)
     # The log of a robot that sends nothing (acc 0, slow to take) is not used: log(1) in its place.
     nack = ((bler_c * torch.log(torch.where(is_tx, acc, 1.0)) + torch.take(bler_b, mcs)) < nack_below) & is_tx
     ntx = hq.ntx + 1
     return Tx(is_retx=is_retx, is_new=is_new, is_tx=is_tx, take=take, tb_bytes=tb_bytes,
-              sendable=cum[..., -1], sb=sb, acc=acc, mcs=mcs, nack=nack, ntx=ntx,
+              sendable=cum.select(axis, -1), sb=sb, acc=acc, mcs=mcs, nack=nack, ntx=ntx,
               fail=nack & (ntx >= harq_max_tx), content=hq.content + take)
 
 
 def deliver(bytes_: torch.Tensor, finish_slot: torch.Tensor, tx: Tx,
-            k: int) -> tuple[torch.Tensor, torch.Tensor]:
+            k: int | torch.Tensor, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """ACK: the TB's bytes leave the queue; a message is delivered in slot ``k`` with its last byte.
 
     :input bytes_: ``[E, R, A]`` unacked bytes (+inf: can no longer complete).
-    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place.
+    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place for an
+        int ``k``, out of place for a 0-d long tensor (the compiled slot: one graph for every ``k``).
     """
     ack = tx.is_tx ^ tx.nack
     # TB contents are finite and >= 0: a product with the 0/1 mask is torch.where(ack, content, 0).
-    bytes_ = bytes_ - tx.content * ack.unsqueeze(-1)
+    bytes_ = bytes_ - tx.content * ack.unsqueeze(axis)
     is_done = bytes_ <= 0
     # A message is done once (its bytes are +inf after): -1 + (k + 1) sets its slot, cheaper than masked_fill.
+    if isinstance(k, torch.Tensor):
+        return bytes_.masked_fill(is_done, math.inf), finish_slot + is_done * (k + 1)
     return bytes_.masked_fill_(is_done, math.inf), finish_slot.add_(is_done, alpha=k + 1)
 
 
 def rlc_failure(tx: Tx, first: torch.Tensor, usable: torch.Tensor, round_slot: torch.Tensor,
-                rlc_cnt: torch.Tensor, rlc_max_retx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                rlc_cnt: torch.Tensor, rlc_max_retx: int, *,
+                axis: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which messages of a failed TB RLC resends, in a new round or lost. All ``[E, R, A]`` bool.
 
     A failed TB first sent (``first`` ``[E, R]``) before the message's last RLC return belongs to
@@ -349,19 +360,19 @@ def rlc_failure(tx: Tx, first: torch.Tensor, usable: torch.Tensor, round_slot: t
 
     :output: ``(is_lost, is_round, requeue)``: lost, a new round, bytes to resend.
     """
-    failed = (tx.content > 0) & tx.fail.unsqueeze(-1) & usable
-    new_round = failed & (first.unsqueeze(-1) >= round_slot)
+    failed = (tx.content > 0) & tx.fail.unsqueeze(axis) & usable
+    new_round = failed & (first.unsqueeze(axis) >= round_slot)
     is_lost = new_round & (rlc_cnt >= rlc_max_retx)
     return is_lost, new_round ^ is_lost, failed ^ is_lost
 
 
-def harq_next(tx: Tx, first: torch.Tensor) -> Harq:
+def harq_next(tx: Tx, first: torch.Tensor, *, axis: int = -1) -> Harq:
     """The process after the slot: a NACKed TB short of its last transmission waits for the RTT."""
     keep = tx.nack ^ tx.fail
     # Products with the 0/1 mask in place of torch.where(keep, x, 0) and sb & keep: the same values
     # (contents and SINRs are finite and >= 0) at a fraction of the cost on the CPU.
-    return Harq(active=keep, content=tx.content * keep.unsqueeze(-1),
-                sb=(tx.sb.view(torch.uint8) * keep.view(torch.uint8).unsqueeze(-1)).view(torch.bool),
+    return Harq(active=keep, content=tx.content * keep.unsqueeze(axis),
+                sb=mech.as_bool(mech.as_uint8(tx.sb) * mech.as_uint8(keep).unsqueeze(axis)),
                 mcs=tx.mcs, acc=tx.acc * keep, ntx=tx.ntx * keep, first=first)
 
 
@@ -404,7 +415,7 @@ class Estimate(typing.NamedTuple):
 
 def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: torch.Tensor, hq_then: Harq,
           pf_rounds: int, sel_db: torch.Tensor, tbs_per_sb: torch.Tensor, *,
-          stop_early: bool) -> tuple[Grant, torch.Tensor, torch.Tensor]:
+          stop_early: bool, pf_tables: tuple | None = None) -> tuple[Grant, torch.Tensor, torch.Tensor]:
     """The grant for a later slot on the subbands that slot's retransmissions (the HARQ process
     ``hq_then``) leave free: PF subband by subband, up to what each robot's known buffer needs
     (``known`` ``[E, R]``); the MCS from the estimate less the OLLA offset (``olla_db``).
@@ -416,9 +427,9 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
     known_t = known.masked_fill(hq_then.active, 0.0).t().contiguous()  # [R, E]
     need_t = mech.subbands_needed(known_t, est.cap_t, est.max_sb_t, dim=1)
     metric_t = est.se_t / avg_thr.clamp(min=1e-3).t().contiguous().unsqueeze(1)
-    is_free_t = mech.to_envs_last(hq_then.sb).view(torch.uint8).amax(0) == 0  # [S, E]
+    is_free_t = mech.as_uint8(mech.to_envs_last(hq_then.sb)).amax(0) == 0  # [S, E]
     alloc_t = mech.pf_allocate_envs_last(metric_t, need_t, is_free_t, pf_rounds, est.pf_order,
-                                         stop_early=stop_early)
+                                         stop_early=stop_early, tables=pf_tables)
     alloc = mech.to_envs_first(alloc_t)
     n_alloc = mech.count_true(alloc_t, 1).t().to(known.dtype, memory_format=torch.contiguous_format)
     eff_est = mech.effective_sinr_lin(est.x / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
@@ -435,14 +446,22 @@ class NetL2Legacy(DiscreteLevel):
     ``harq_fail`` TBs handed to RLC, ``rlc_retx`` message retransmissions by RLC,
     ``rlc_lost`` messages lost by RLC, ``sr`` scheduling requests. ``l2_state`` holds the
     :class:`L2State`, ``gains`` the fading ring ``[H, E, R, S]``. Setting ``trace`` to a
-    list makes each slot append a dict of its tensors (for tests; off by default).
+    list makes each slot append a dict of its tensors (for tests; off by default; the eager loop
+    runs then).
+
+    ``slot_loop``: ``"eager"`` runs each slot as torch ops; ``"compiled"`` runs the same slot as one
+    compiled kernel (:mod:`._l2_slot`, compiled once for every E; ``make_engine(...,
+    backend="compiled")``): the same events from the same seed; faster than eager at small E,
+    slower at large E (docs/design.md §2).
     """
 
     name = "L2-legacy"
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
-                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None):
+                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None, slot_loop: str = "eager"):
         super().__init__(E, R, device, cfg=cfg, dtype=dtype, seed=seed)
+        if slot_loop not in SLOT_LOOPS:
+            raise ValueError(f"slot_loop: expected one of {', '.join(SLOT_LOOPS)}, got {slot_loop!r}")
         self.l2 = l2_cfg if l2_cfg is not None else L2LegacyConfig()
         if not isinstance(self.l2, L2LegacyConfig):
             raise TypeError(f"l2_cfg: expected an L2LegacyConfig, got {type(self.l2).__name__}")
@@ -490,6 +509,14 @@ class NetL2Legacy(DiscreteLevel):
         self.l2_state = L2State.initial(E, R, cfg, l2, dtype, dev)
         self.counters = {k: torch.zeros(E, R, dtype=dtype, device=dev) for k in COUNTER_KEYS}
         self.trace: list | None = None
+        self.slot_loop = slot_loop
+        if slot_loop == "compiled":
+            from isaac_net.core.levels import _l2_slot
+
+            if not _l2_slot.supports(self):
+                raise ValueError("slot_loop: 'compiled' needs l2_cfg.rlc_delay_slots >= 1 and at most 16 "
+                                 f"subbands, got {l2.rlc_delay_slots} and {S}; use slot_loop='eager'")
+            self._slot_inputs = _l2_slot.constants(self)
 
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
@@ -539,6 +566,14 @@ class NetL2Legacy(DiscreteLevel):
 
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
+        if self.slot_loop == "compiled" and self.trace is None:
+            from isaac_net.core.levels import _l2_slot
+
+            return _l2_slot.serve(self, q, ctx)
+        return self._serve_eager(q, ctx)
+
+    def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
+        """The slot loop in eager torch ops, with host-side branches that skip rare work on the CPU."""
         cfg, l2 = self.cfg, self.l2
         E, R, A, K = self.E, self.R, cfg.timeout_steps, cfg.num_slots
         P, K2, H, coh = l2.harq_rtt_slots, l2.k2_slots, self._num_blocks, l2.coh_slots
@@ -654,22 +689,29 @@ class NetL2Legacy(DiscreteLevel):
                     tbs_grant=new.tbs, metric=metric, sendable=tx.sendable, unsched=unsched,
                     held=held.sum(0), olla_db=olla))
 
+        self._count(log)
+        st = dataclasses.replace(st, rlc_cnt=rlc_cnt, round_slot=round_slot, known=known,
+                                 outstanding=outstanding, olla_db=olla, avg_thr=avg)
+        return self._close_step(q, st, idx, live, usable, bytes_, unsched, finish_slot,
+                                mech.count_true(torch.stack(is_tx_by_slot), 0))
+
+    def _close_step(self, q: Queue, st: L2State, idx: torch.Tensor, live: torch.Tensor, usable: torch.Tensor,
+                    bytes_: torch.Tensor, unsched: torch.Tensor, finish_slot: torch.Tensor,
+                    tx_slots: torch.Tensor) -> Service:
+        """The end of a step (either slot loop): the bytes in HARQ carried to the next step, the state
+        ``st`` kept, and the step's :class:`Service` in the queue's layout (``tx_slots`` ``[E, R]``: the
+        slots each robot transmitted in)."""
         done_a = finish_slot >= 0
         bytes_ = torch.where(usable & ~done_a, bytes_, 0.0)
-        self.l2_state = dataclasses.replace(
-            st, pending=bytes_ - unsched - held.sum(0),  # bytes in HARQ, carried to the next step
-            rlc_cnt=rlc_cnt, round_slot=round_slot, known=known, outstanding=outstanding, olla_db=olla,
-            avg_thr=avg)
-        self._count(log)
-
-        # Back to the queue's layout.
-        ix = idx.clamp(max=A - 1)
+        # Bytes in HARQ, carried to the next step.
+        self.l2_state = dataclasses.replace(st, pending=bytes_ - unsched - st.held.sum(0))
+        ix = idx.clamp(max=self.cfg.timeout_steps - 1)
         valid = q.valid
         return Service(
             done=torch.gather(done_a, -1, ix) & valid,
-            finish_s=(torch.gather(finish_slot, -1, ix) + 1).to(self.dtype) * cfg.slot_s,
+            finish_s=(torch.gather(finish_slot, -1, ix) + 1).to(self.dtype) * self.cfg.slot_s,
             remaining=torch.gather(bytes_, -1, ix),
-            tx_time_s=mech.count_true(torch.stack(is_tx_by_slot), 0).to(self.dtype) * cfg.slot_s,
+            tx_time_s=tx_slots.to(self.dtype) * self.cfg.slot_s,
             lost=torch.gather(live & ~usable, -1, ix) & valid,
         )
 

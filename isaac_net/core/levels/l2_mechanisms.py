@@ -7,6 +7,7 @@ slot by slot. Shapes use ``E`` envs, ``R`` robots, ``S`` subbands, ``M`` MCS ind
 
 from __future__ import annotations
 
+import itertools
 import math
 import typing
 
@@ -61,6 +62,9 @@ def select_mcs(sinr_est_db: torch.Tensor, offset_db: torch.Tensor, thr_db: torch
     :output: ``[...]`` long MCS index in ``[0, M)``.
     """
     x = (sinr_est_db - offset_db).contiguous()
+    if torch.compiler.is_compiling():  # the same count, as comparisons inductor fuses (it calls searchsorted)
+        above = sum((x >= thr_db[m]).to(torch.long) for m in range(thr_db.shape[0]))
+        return (above - 1).clamp_(min=0)
     return (torch.searchsorted(thr_db, x, right=True) - 1).clamp_(min=0)
 
 
@@ -89,7 +93,7 @@ def olla_update(offset_db: torch.Tensor, is_tx: torch.Tensor, is_nack: torch.Ten
 
 
 def effective_sinr_lin(sinr_lin: torch.Tensor, is_alloc: torch.Tensor,
-                       num_alloc: torch.Tensor | None = None) -> torch.Tensor:
+                       num_alloc: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
     """Effective SINR of a TB spread over several subbands (Shannon mutual-information ESM).
 
     The equivalent of EESM with the Shannon capacity as the information measure (MIESM):
@@ -102,25 +106,49 @@ def effective_sinr_lin(sinr_lin: torch.Tensor, is_alloc: torch.Tensor,
 
     :input sinr_lin: ``[..., S]`` per-subband SINR, linear (finite, >= 0). :input is_alloc: ``[..., S]`` bool.
     :input num_alloc: ``[...]`` the number of allocated subbands, if the caller has it.
+    :param dim: the subbands' dimension (the last by default).
     :output: ``[...]`` linear (0 where nothing is allocated).
     """
     if num_alloc is None:
-        num_alloc = torch.count_nonzero(is_alloc, -1)
+        num_alloc = torch.count_nonzero(is_alloc, dim)
     # log2(1 + sinr) is finite and >= 0, so a product with the 0/1 mask gives the values of
     # torch.where(is_alloc, ., 0) (a data-dependent branch per element, several times slower).
-    mi = torch.add(sinr_lin, 1.0).log2_().mul_(as_float(is_alloc, sinr_lin.dtype)).sum(-1)
+    mi = torch.add(sinr_lin, 1.0).log2_().mul_(as_float(is_alloc, sinr_lin.dtype)).sum(dim)
     return torch.exp2(mi / num_alloc.clamp(min=1)) - 1.0
 
 
 def as_float(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as 0/1 of ``dtype`` (through uint8: a direct bool conversion is several times slower)."""
-    return mask.view(torch.uint8).to(dtype)
+    return as_uint8(mask).to(dtype)
+
+
+# Eagerly a bool mask and its 0/1 bytes are the same storage: a view converts for free. In a
+# compiled kernel (levels/_l2_slot.py) a conversion is free too, and inductor's bit casts between
+# bool and uint8 are unsafe on the CPU (torch 2.13: no vectorised cast to bool; a sum over a viewed
+# mask counted every byte): the kernel converts.
+def as_bool(mask01: torch.Tensor) -> torch.Tensor:
+    """A uint8 0/1 mask as bool."""
+    return mask01 != 0 if torch.compiler.is_compiling() else mask01.view(torch.bool)
+
+
+def as_uint8(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask as uint8 0/1."""
+    return mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)
+
+
+def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.cumsum``; in a compiled kernel the same running sum written out (inductor calls ATen's
+    cumsum on the CPU, an op outside the fused kernel), added in the same order."""
+    if not torch.compiler.is_compiling():
+        return x.cumsum(dim, dtype=dtype)
+    parts = (x if dtype is None else x.to(dtype)).unbind(dim)
+    return torch.stack(list(itertools.accumulate(parts)), dim)
 
 
 def count_true(mask: torch.Tensor, dim: int) -> torch.Tensor:
     """``count_nonzero(mask, dim)`` of a bool mask in a small integer type (uint8 below 255, so that
     adding 1 cannot wrap): no conversion of the mask to int64, several times faster on the CPU."""
-    return mask.view(torch.uint8).sum(dim, dtype=torch.uint8 if mask.shape[dim] < 255 else torch.int32)
+    return as_uint8(mask).sum(dim, dtype=torch.uint8 if mask.shape[dim] < 255 else torch.int32)
 
 
 def capacity_by_subbands(sinr1_lin: torch.Tensor, bytes_per_sb_se: float, se_max: float, gap_lin: float,
@@ -226,6 +254,14 @@ def _out_table(S: int, dtype: torch.dtype, device) -> torch.Tensor:
     return _tables[key]
 
 
+def pf_tables(S: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables :func:`pf_allocate_envs_last` reads: the keep table (an empty tensor from
+    ``_TABLE_MAX_SUBBANDS`` subbands on, where it takes the order instead) and the out table."""
+    keep = _keep_table(S, device) if S <= _TABLE_MAX_SUBBANDS else torch.zeros(0, dtype=torch.uint8,
+                                                                               device=device)
+    return keep, _out_table(S, dtype, device)
+
+
 class PfOrder(typing.NamedTuple):
     """Each robot's subbands by decreasing metric, in the forms :func:`pf_allocate_envs_last` uses.
     All ``[R, S, E]``."""
@@ -249,18 +285,22 @@ class PfOrder(typing.NamedTuple):
 
 
 def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor, num_rounds: int,
-                          order: PfOrder, *, stop_early: bool = False) -> torch.Tensor:
+                          order: PfOrder, *, stop_early: bool = False,
+                          tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """:func:`pf_allocate` with the envs last: ``metric`` ``[R, S, E]``, ``need`` ``[R, E]``,
     ``is_free`` ``[S, E]``; ``order`` from :meth:`PfOrder.of`. The same allocation, ``[R, S, E]`` bool.
 
-    ``stop_early`` also allows the other host-side branch, a test for ties.
+    ``stop_early`` also allows the other host-side branch, a test for ties. ``tables``: the keep
+    and out tables (:func:`pf_tables`), passed in by a compiled caller (a graph must not capture
+    a module's tensors as constants).
     """
     R, S, E = metric.shape
-    table = _keep_table(S, metric.device) if order.weight is not None else None
+    table, out = tables if tables is not None else pf_tables(S, metric.dtype, metric.device)
+    if order.weight is None:
+        table = None
     count = torch.uint8 if max(R, S) < 256 else torch.int32  # for counts of robots or subbands
     # A robot keeps at most S subbands: a larger need acts as S.
     need_left = need.clamp(0, S).to(torch.int32, memory_format=torch.contiguous_format)  # [R, E]
-    out = _out_table(S, metric.dtype, metric.device)
     is_open = is_free  # [S, E] subbands still to settle
     alloc = torch.zeros(R, S, E, dtype=torch.bool, device=metric.device)
     for i in range(num_rounds):
@@ -269,21 +309,21 @@ def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: tor
         has = is_open & (best > -math.inf)
         # The robots at the best metric of each subband someone gets; on a tie the first, as max(1) picks.
         offered = m.eq_(best).bool() & has
-        n_off = offered.view(torch.uint8)
+        n_off = as_uint8(offered)
         if not stop_early or int(n_off.sum(0, dtype=count).amax()) > 1:
-            offered &= ~n_off.cumsum(0, dtype=count).sub_(n_off).bool()
+            offered &= ~cumsum(n_off, 0, dtype=count).sub_(n_off).bool()
         # Each robot keeps the offered subbands that come first in its order, up to its need.
         if table is not None:
             idx = (n_off * order.weight).sum(1, dtype=torch.int32).add_(need_left)
             kept = offered & (order.rank < table.index_select(0, idx.view(-1)).view(R, 1, E))
         else:
-            rank = torch.gather(offered, 1, order.order).view(torch.uint8).cumsum(1, dtype=torch.int32)
+            rank = as_uint8(torch.gather(offered, 1, order.order)).cumsum(1, dtype=torch.int32)
             kept = offered & (order.rank < (rank <= need_left.unsqueeze(1)).sum(1, keepdim=True))
         alloc |= kept
         if i + 1 < num_rounds:
-            n_kept = kept.view(torch.uint8)
+            n_kept = as_uint8(kept)
             # A subband nobody wanted stays unwanted (needs only shrink); a declined one reopens.
-            is_open = has ^ n_kept.amax(0).view(torch.bool)
+            is_open = has ^ as_bool(n_kept.amax(0))
             # Without an open subband nothing changes any more (a sufficient test: cheaper than the exact).
             if stop_early and not bool(is_open.any()):
                 break

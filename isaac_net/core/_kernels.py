@@ -78,7 +78,7 @@ def _library_key() -> str:
     instructions."""
     import torch._inductor.config as inductor_config
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())
@@ -279,7 +279,7 @@ def probe_isa_in_background(device: torch.device | None) -> None:
             or any(proc.poll() is None for proc in _BACKGROUND)):  # a running compile probes for itself
         return
     _isa_started = True
-    compile_in_background("isaac_net.core.diff._kernels:_probe_isa", {}, wait=False)
+    compile_in_background(f"{__name__}:_probe_isa", {}, wait=False)
 
 
 def _probe_isa(spec: dict) -> None:
@@ -322,7 +322,7 @@ def compile_in_background(target: str, spec: dict, *, wait: bool = True) -> None
     next :class:`Kernel` compile here waits for it, then loads what it kept (without: nothing waits,
     as for a probe whose builds inductor's file locks share). A process that fails or keeps nothing
     costs only its core: the kernel is compiled here then."""
-    root = str(Path(__file__).resolve().parents[3])  # the directory that holds the package
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds the package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     spec = {**spec, "threads": torch.get_num_threads()}  # inductor writes its loops for the thread count
     try:
@@ -364,19 +364,28 @@ class Kernel:
     no tensor twice; a tuple of tensors out, none of them an input; no branches on values)
     compiled by inductor once per dtype, device and pattern of size-1 dimensions, with
     dimension ``dim`` (counted from the end: the last by default) of every tensor of rank > 1
-    symbolic: any other batch size reuses the graph (found once per new set of shapes, then by a
-    dict lookup).
+    symbolic (``dims`` names the arguments whose batch dimension sits elsewhere, or None: static):
+    any other batch size reuses the graph (found once per new set of shapes, then by a dict lookup).
+    ``inductor``: inductor settings for this kernel's compile (e.g. ``{"cpp.simdlen": 1}``).
 
     ``num_compiles`` counts the graphs compiled (the tests check that a new batch size adds none),
     ``num_loads`` those loaded from the store a previous process left (see the module's docstring).
     """
 
-    def __init__(self, fn, *, dim: int = -1):
+    def __init__(self, fn, *, dim: int = -1, dims: dict | None = None, inductor: dict | None = None):
         if not isinstance(dim, int) or dim >= 0:
             raise ValueError(f"Kernel({fn.__name__}): dim must be a negative int (counted from the end), "
                              f"got {dim!r}")
         self.fn, self.dim = fn, dim
         self._names = list(inspect.signature(fn).parameters)
+        dims = dict(dims or {})
+        for name, d in dims.items():
+            if name not in self._names or not (d is None or (isinstance(d, int) and d < 0)):
+                raise ValueError(f"Kernel({fn.__name__}): dims maps parameter names to a negative int or "
+                                 f"None, got {name!r}: {d!r}")
+        # Per argument: its batch dimension counted from the end (None: all static), where not ``dim``.
+        self._dims = [dims.get(name, dim) for name in self._names]
+        self.inductor = dict(inductor or {})  # inductor settings of this kernel's compile (part of its key)
         self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []
         self._by_shapes: dict = {}  # (dtype, device, shapes) -> the graph that takes them
@@ -411,9 +420,10 @@ class Kernel:
             self._graphs.append(graph)
             self.num_loads += 1
             return graph
-        for t in args:  # the batch dimension; 0-d and 1-d constants stay static
-            if t.dim() > 1:
-                torch._dynamo.maybe_mark_dynamic(t, t.dim() + self.dim)
+        for i, t in enumerate(args):
+            d = self._batch_dim(i, t)
+            if d is not None:
+                torch._dynamo.maybe_mark_dynamic(t, d)
         if self._dynamo is None:
             self._dynamo = torch.compile(self.fn, backend=self._keep, dynamic=False, fullgraph=True)
         def compile_here():
@@ -441,6 +451,12 @@ class Kernel:
         self.num_compiles += 1
         return self._graphs[-1]
 
+    def _batch_dim(self, i: int, t: torch.Tensor) -> int | None:
+        """Argument ``i``'s symbolic dimension (from the front), or None: 0-d and 1-d constants stay
+        static."""
+        d = self._dims[i] if i < len(self._dims) else self.dim
+        return None if d is None or t.dim() <= 1 else t.dim() + d
+
     def _path(self, args: tuple) -> Path | None:
         """The store's file for these arguments: their dtype, device and sizes, the batch dimension
         (``dim``) of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1); None
@@ -448,11 +464,13 @@ class Kernel:
         source = _source_key(self.fn)
         if source is None:
             return None
-        sizes = [[-1 if t.dim() > 1 and d == t.dim() + self.dim and n != 1 else n
-                  for d, n in enumerate(t.shape)] for t in args]
+        sizes = [[-1 if d == self._batch_dim(i, t) and n != 1 else n for d, n in enumerate(t.shape)]
+                 for i, t in enumerate(args)]
         device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, source,
                 _library_key(), str(args[0].dtype), str(device), sizes, *_target(device)]
+        if self.inductor:  # (a kernel without settings of its own keeps the key it had)
+            what.append(sorted(self.inductor.items()))
         return _store_file(what, ".json")
 
     def _save(self, path: Path, graph: _Graph, inner) -> None:
@@ -519,7 +537,8 @@ class Kernel:
         # The callers pass contiguous tensors (the loops make them): no per-input size and stride asserts.
         # AOTAutograd's cache would hand back its wrapper without calling keep_inner (inductor's cache
         # still serves the compiled graph).
-        with inductor_config.patch(size_asserts=False), functorch_config.patch(enable_autograd_cache=False):
+        with inductor_config.patch({"size_asserts": False, **self.inductor}), \
+                functorch_config.patch(enable_autograd_cache=False):
             compiled = compile_fx(gm, example_inputs, inner_compile=keep_inner)
         self._kept = (compiled, inner[0] if len(inner) == 1 else None, spec, static, num_outputs)
         return compiled
