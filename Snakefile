@@ -26,6 +26,13 @@ include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/studies.smk"
 
 
+# Every file the stage rules declare (artifacts, figures, the proxy's model), each stage's figure
+# and the page's copy of it (common.smk).
+STAGE_OUTPUTS = stage_outputs()
+STAGE_FIGURES = stage_figures()
+PAGE_FIGURES = page_figures(STAGE_FIGURES)
+
+
 # Rendering runs where Snakemake runs, also under an executor (SLURM).
 localrules:
     all,
@@ -38,16 +45,22 @@ rule all:
         PAGE,
         TRACE,
         *ARTIFACTS.values(),
+        *STAGE_OUTPUTS,
+        *PAGE_FIGURES,
 
 
-# The target: the page and every artifact it renders. A rule without output or action, so
-# Snakemake checks that each input exists and plans the stage of a missing one (a rule with
-# an output, like page, is only rerun when its output is older or missing).
+# The target: the page, every artifact it renders, every other file a stage declares and the
+# page's figures. A rule without output or action, so Snakemake checks that each input exists and
+# plans the rule of a missing one (a rule with an output, like page, is only rerun when its output
+# is older or missing, and Snakemake only looks for the outputs something asks for: a deleted
+# figure that no target names would stay deleted).
 rule report:
     input:
         page=PAGE,
         trace=TRACE,
         **ARTIFACTS,
+        outputs=STAGE_OUTPUTS,
+        figures=PAGE_FIGURES,
 
 
 rule page:
@@ -57,10 +70,12 @@ rule page:
         renderer="reports/render.py",
         checker="reports/check_numbers.py",
         schema="workflow/schemas/artifacts.schema.yaml",
+        figures=STAGE_FIGURES,
     output:
         page=report(PAGE, caption="workflow/report/page.rst", category="page"),
         trace=report(TRACE, caption="workflow/report/trace.rst", category="page"),
-        figures=directory(FIGURES_DIR),
+        # Files, not directory(): a deleted copy is a missing output, and the page is rendered again.
+        figures=PAGE_FIGURES,
     params:
         profile=PROFILE,
         paths=ARTIFACTS,

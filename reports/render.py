@@ -23,6 +23,7 @@ Usage (the pipeline's ``page`` rule calls it as a script)::
 """
 
 import argparse
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -31,6 +32,7 @@ import operator
 import re
 import shutil
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -556,15 +558,33 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
 
 
 def _main_snakemake(smk) -> None:
-    with open(smk.log[0], "w") as log:
-        sys.stderr = sys.stdout = log
-        paths = {name: str(path) for name, path in smk.input.items() if name in STAGES}
-        missing = sorted(set(STAGES) - set(paths))
-        if missing:
-            raise ValueError(f"the report rule lacks the artifact input(s) {missing}")
-        build(paths, dict(smk.params.pending), smk.params.profile, smk.output.page, smk.output.figures,
-              smk.output.trace)
-        print(f"wrote {smk.output.page} and {smk.output.trace}")
+    """The page rule: output and errors go to the rule's log, which Snakemake names when the job
+    fails; an error (the file and the reason) is written there before the log is closed, and raised
+    again to the terminal."""
+    log_file = Path(smk.log[0])
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w", buffering=1) as log:
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                paths = {name: str(path) for name, path in smk.input.items() if name in STAGES}
+                missing = sorted(set(STAGES) - set(paths))
+                if missing:
+                    raise ValueError(f"the report rule lacks the artifact input(s) {missing}")
+                # The figures' copies are outputs of their own (a deleted one is rebuilt): their folder.
+                figures = smk.output.get("figures") or []
+                figures = [figures] if isinstance(figures, str) else list(figures)
+                figures_dir = Path(figures[0]).parent if figures else Path(smk.output.page).parent / "figures"
+                build(paths, dict(smk.params.pending), smk.params.profile, smk.output.page, figures_dir,
+                      smk.output.trace)
+                print(f"wrote {smk.output.page} and {smk.output.trace}")
+        except Exception as err:
+            traceback.print_exc(file=log)
+            if isinstance(err, ArtifactError):  # Snakemake sees the file, not that it is damaged
+                hint = ("page: delete the artifact and run the `report` target again, which reruns its "
+                        "stage (or force the stage's rule with --forcerun)")
+                print(hint, file=log)
+                print(hint, file=sys.stderr)
+            raise
 
 
 def _main_cli() -> None:

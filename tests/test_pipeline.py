@@ -336,7 +336,7 @@ def study_artifact(name: str) -> dict:
     if name in ("opt_rates", "placement"):
         return optimisation_artifact(name)
     if name == "sensitivity":
-        return sensitivity_artifact()
+        return {**sensitivity_artifact(), "figure": "sensitivity.png"}
     if name == "nn_proxy":
         return nn_proxy_artifact()
     return {"summary": {"score": 5.46}, "table": [{"case": "a", "value": 15.4}], "figure": f"{name}.png",
@@ -688,7 +688,8 @@ for path in snakemake.output:
         Path(path).write_text(json.dumps(data))
     else:
         Path(path).write_bytes(b"stub")
-Path(snakemake.log[0]).write_text("stub\\n")
+# The stage's settings as the stage got them (12 and 12.0 differ in JSON).
+Path(snakemake.log[0]).write_text(json.dumps(snakemake.params.stage) + "\\n")
 '''
 
 
@@ -809,11 +810,98 @@ def test_faults_a_deleted_artifact_is_rebuilt_and_touch_marks_a_fresh_clone_curr
 
 
 @pytest.mark.slow
+def test_faults_a_deleted_figure_or_page_copy_is_rebuilt(tmp_path):
+    """Every file a stage declares is an input of `report`, and so is each figure's copy next to the
+    page: deleting one replans the rule that writes it (Snakemake looks only for outputs that
+    something asks for)."""
+    wf = workflow_copy(tmp_path, stubs=True)
+    ci = ["--configfile", "config/ci.yaml"]
+    snakemake(wf, "report", "--cores", "2", *ci)
+    results = wf / "benchmarks/diff/results/ci"
+    copies = sorted(p.name for p in (results / "figures").iterdir())
+    assert copies == sorted(["calibration.png", "convergence_curves.png", "fd_check.png", "nn_proxy.png",
+                             "opt_rates.png", "placement.png", "sensitivity.png"])
+    assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "2", *ci)
+
+    (results / "fd_check.png").unlink()  # a stage's figure: its stage reruns, then the page
+    assert set(job_counts(snakemake(wf, "-n", "report", "--cores", "2", *ci))) == {"fd_check", "page",
+                                                                                  "report"}
+    (results / "figures" / "calibration.png").unlink()  # the page's copy: the page alone
+    assert set(job_counts(snakemake(wf, "-n", "report", "--cores", "2", *ci))) == {"fd_check", "page",
+                                                                                  "report"}
+    snakemake(wf, "report", "--cores", "2", *ci)
+    assert (results / "fd_check.png").exists() and (results / "figures" / "calibration.png").exists()
+    assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "2", *ci)
+    (results / "figures" / "calibration.png").unlink()
+    assert set(job_counts(snakemake(wf, "-n", "report", "--cores", "2", *ci))) == {"page", "report"}
+    (results / "nn_proxy.pt").unlink()  # a stage's other output (the proxy's model)
+    assert {"nn_proxy", "page", "report"} <= set(job_counts(snakemake(wf, "-n", "report", "--cores", "2",
+                                                                      *ci)))
+
+
+@pytest.mark.slow
+def test_faults_the_page_rules_error_reaches_its_log_and_the_terminal(tmp_path):
+    wf = workflow_copy(tmp_path, stubs=True)
+    ci = ["--configfile", "config/ci.yaml"]
+    snakemake(wf, "report", "--cores", "2", *ci)
+    results = wf / "benchmarks/diff/results/ci"
+    artifact = results / "equivalence.json"
+    artifact.write_text(artifact.read_text()[:100])  # truncated, and newer than the page
+    proc = subprocess.run([str(SNAKEMAKE), "report", "--cores", "1", *ci], cwd=wf, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    reason = "benchmarks/diff/results/ci/equivalence.json: cannot read artifact 'equivalence'"
+    log = (results / "logs" / "page.log").read_text()
+    assert reason in log and "ArtifactError" in log
+    assert reason in out and "lost sys.stderr" not in out
+    assert str(Path("benchmarks/diff/results/ci/logs/page.log")) in out  # where Snakemake points
+
+
+@pytest.mark.slow
 def test_a_numeric_config_override_of_the_documented_form_is_accepted(tmp_path):
     wf = workflow_copy(tmp_path, stubs=True)
     out = snakemake(wf, "-n", "--forceall", "report", "--cores", "2", "--configfile", "config/ci.yaml",
                     "--config", "convergence={default_tau: 0.2, table: {T: 12}}")
     assert "convergence_table" in job_counts(out)
+
+
+@pytest.mark.slow
+def test_numeric_overrides_reach_the_stage_as_typed(tmp_path):
+    """Digits alone are an integer, a point or an exponent a float: the stage gets 12 and 1e-4."""
+    wf = workflow_copy(tmp_path, stubs=True)
+    snakemake(wf, "benchmarks/diff/results/ci/equivalence.json", "--cores", "1", "--configfile",
+              "config/ci.yaml", "--config", "equivalence={T: 12, tol: 1e-4, cases: {normal: {p: .5}}}")
+    stage = json.loads((wf / "benchmarks/diff/results/ci/logs/equivalence.log").read_text())
+    assert stage["T"] == 12 and isinstance(stage["T"], int)
+    assert stage["tol"] == 1e-4 and isinstance(stage["tol"], float)
+    assert stage["cases"]["normal"]["p"] == 0.5
+
+
+def _override_error(wf: Path, *config: str) -> str:
+    proc = subprocess.run([str(SNAKEMAKE), "-n", "report", "--cores", "1", "--configfile", "config/ci.yaml",
+                           "--config", *config], cwd=wf, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Job stats" not in proc.stdout
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, message", [
+    # YAML 1.1 would read 012 as the octal 10
+    ("equivalence={T: 012}", "equivalence/T = '012': a number with a leading zero"),
+    # integral, but a float: integer keys take integers as typed
+    ("equivalence={T: 1.5e3}", "equivalence/T = 1500.0 is a float (a point or an exponent makes one), and "
+                               "this key takes an integer: write 1500"),
+    ("equivalence={E: 4.0}", "equivalence/E = 4.0 is a float"),
+    ("calibrate={R: 4.0}", "calibrate/R = 4.0 is a float"),  # an integer or a list of them (oneOf)
+    ("threads=4.0", "threads = 4.0 is a float"),  # a top-level value, parsed by Snakemake
+    ("convergence={default_tau: 1e400}", "convergence/default_tau = '1e400' is not a finite number"),
+    ("threads=inf", "threads = inf is not a finite number"),
+    ("gradcheck={tau: nan}", "gradcheck/tau: 'nan' is not of type 'number'"),
+])
+def test_numeric_overrides_are_refused_at_parse_time_naming_the_key(tmp_path, override, message):
+    assert message in _override_error(workflow_copy(tmp_path, stubs=True), override)
 
 
 def _parse_error(wf: Path, mutate) -> str:
@@ -835,6 +923,9 @@ def _parse_error(wf: Path, mutate) -> str:
     (lambda c: c["sensitivity"].update(warmup=c["sensitivity"]["T"]), "sensitivity/warmup = "),
     (lambda c: c["gradcheck"]["small"].setdefault("cell", {}).update(qa_sr_slots=9),
      "gradcheck/small/cell/qa_sr_slots = 9 exceeds gradcheck/small/cell/num_slots = 4"),
+    # a config file's numbers: the schema's number is finite, its integer an integer as typed
+    (lambda c: c["cost"].update(speedup_bar=float("inf")), "cost/speedup_bar = inf is not a finite number"),
+    (lambda c: c["equivalence"].update(E=4.0), "equivalence/E = 4.0 is a float"),
 ])
 def test_cross_field_config_errors_fail_at_parse_time(tmp_path, mutate, message):
     assert message in _parse_error(workflow_copy(tmp_path, stubs=True), mutate)

@@ -1,38 +1,106 @@
 # Shared definitions of the pipeline: the config's coercion and validation, paths, inputs every
 # stage has, the report's inputs.
 import glob
+import math
 import re
 
+import jsonschema
 import yaml
-from snakemake.utils import validate
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_LEADING_ZERO = re.compile(r"[-+]?0\d")
+_SLASH = chr(47)  # config key paths are written a/b/c (a literal slash reads as a path to the linter)
 
 
-def _coerce(value):
-    """A command-line override's strings as YAML values: ``--config 'convergence={default_tau: 0.1}'``
-    reaches the config with ``'0.1'`` (Snakemake passes nested values as strings)."""
+def _coerce(value, where, errors):
+    """A command-line override's strings as the numbers, booleans and nulls they spell:
+    ``--config 'convergence={default_tau: 0.1}'`` reaches the config with ``'0.1'`` (Snakemake
+    passes nested values as strings). A number is taken as typed: digits alone are an integer
+    (``12``), a point or an exponent makes a float (``0.1``, ``1e-4``, ``1.5e3``; the schema
+    refuses a float where it wants an integer). Refused, naming the key: a leading zero (``012``,
+    which YAML 1.1 reads as octal 10) and a number a float cannot hold (``1e400``)."""
+    here = _SLASH.join(where)
     if isinstance(value, dict):
-        return {k: _coerce(v) for k, v in value.items()}
+        return {k: _coerce(v, (*where, str(k)), errors) for k, v in value.items()}
     if isinstance(value, list):
-        return [_coerce(v) for v in value]
+        return [_coerce(v, (*where, str(i)), errors) for i, v in enumerate(value)]
     if isinstance(value, str):
-        if _NUMBER.fullmatch(value.strip()):
-            return yaml.safe_load(value) if "." in value or not re.search("[eE]", value) else float(value)
-        if value.strip().startswith(("{", "[")) or value.strip() in ("true", "false", "null"):
-            return yaml.safe_load(value)
+        text = value.strip()
+        if _NUMBER.fullmatch(text):
+            if _LEADING_ZERO.match(text):
+                errors.append(f"{here} = {text!r}: a number with a leading zero (YAML reads 012 as the "
+                              "octal 10); write it without the zero")
+                return value
+            if not re.search("[.eE]", text):
+                return int(text)
+            number = float(text)
+            if not math.isfinite(number):
+                errors.append(f"{here} = {text!r} is not a finite number (too large for a float)")
+                return value
+            return number
+        if text.startswith(("{", "[")):  # a flow mapping or list left as text: its items coerced alike
+            return _coerce(yaml.load(text, Loader=yaml.BaseLoader), where, errors)
+        if text in ("true", "false", "null"):
+            return yaml.safe_load(text)
     return value
 
 
+def _is_number(checker, x):
+    """The schema's ``number``: a finite one (JSON has no infinity or NaN; an override or a
+    YAML ``.inf`` would bring one)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_integer(checker, x):
+    """The schema's ``integer``: an integer as typed (jsonschema also takes 4.0, which would reach
+    a stage as a float)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# The config schema as the pipeline reads it: JSON Schema 2020-12 with a finite `number` and an
+# integer-as-typed `integer`.
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"number": _is_number, "integer": _is_integer}))
+
+
+def _wants_integer(error):
+    """Whether ``error`` (or one of its alternatives under oneOf/anyOf) is an ``integer`` type error."""
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if error.validator == "type" and "integer" in wanted:
+        return True
+    return any(_wants_integer(e) for e in error.context or ())
+
+
+def _schema_errors(cfg, schema):
+    """Every place ``cfg`` breaks ``schema``, naming the key: a non-finite number and a float
+    where an integer belongs get messages of their own."""
+    errors = []
+    for e in sorted(_Validator(schema).iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
+        here = _SLASH.join(map(str, e.absolute_path)) or "(top level)"
+        v = e.instance
+        if isinstance(v, float) and not math.isfinite(v):
+            errors.append(f"{here} = {v} is not a finite number")
+        elif isinstance(v, float) and v.is_integer() and _wants_integer(e):
+            errors.append(f"{here} = {v} is a float (a point or an exponent makes one), and this key takes "
+                          f"an integer: write {int(v)}")
+        else:
+            errors.append(f"{here}: {e.message}")
+    return errors
+
+
+_errors = []
 for _key in list(config):
     if _key != "profile":
-        config[_key] = _coerce(config[_key])
-
-validate(config, "../schemas/config.schema.yaml")
+        config[_key] = _coerce(config[_key], (_key,), _errors)
+_schema = yaml.safe_load(open(workflow.source_path("../schemas/config.schema.yaml")))
+_errors = _errors or _schema_errors(config, _schema)  # a refused override is reported once
+if _errors:
+    raise ValueError("config: " + "; ".join(_errors))
 
 # CellConfig's default of num_slots (isaac_net/core/config.py), for cells that do not set it.
 _DEFAULT_NUM_SLOTS = 40
-_SLASH = chr(47)  # config key paths are written a/b/c (a literal slash reads as a path to the linter)
 
 
 def _cross_field_errors(node, where=()):
@@ -87,6 +155,37 @@ TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
 PENDING_COMMANDS = {
     name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()
 }
+
+
+def stage_outputs():
+    """Every file that a stage's rules declare, for the `report` target: the rules that write an
+    artifact of the page, and of each its artifact, figure(s) and other files (the proxy's model).
+    Snakemake reruns a job for a missing output only when something asks for that output, so a
+    deleted figure that no target named would stay deleted. Call it after the stage rules."""
+    artifacts = set(ARTIFACTS.values())
+    files = set()
+    for r in workflow.rules:
+        outputs = {str(f) for f in r.output}
+        if not r.has_wildcards() and artifacts & outputs:
+            files |= outputs
+    return sorted(files)
+
+
+def stage_figures():
+    """Each stage's figure(s) (a stage rule's outputs named ``figure...``), which the page copies next
+    to itself; after the stage rules are included."""
+    outputs = set(stage_outputs())
+    figures = set()
+    for r in workflow.rules:
+        for name, files in r.output.items():
+            if name.startswith("figure"):
+                figures.update(str(f) for f in (files if isinstance(files, list) else [files]))
+    return sorted(figures & outputs)
+
+
+def page_figures(figures):
+    """The page's copies of ``figures``: same names, in the page's figures folder."""
+    return [f"{FIGURES_DIR}/{f.rsplit(_SLASH, 1)[-1]}" for f in figures]
 
 
 # Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
