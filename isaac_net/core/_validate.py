@@ -116,6 +116,8 @@ def deadline_steps(deadline, cfg: CellConfig, E: int, R: int, dtype, device, *, 
 def env_mask(env_ids, E: int, device) -> torch.Tensor:
     """``[E]`` bool mask of the envs to reset: all when None, else integer indices or an ``[E]`` bool mask.
 
+    An empty list or tuple (like an empty integer tensor) selects no env.
+
     Floats (``0.7``), strings and other types are refused: an index is never rounded.
     """
     mask = torch.zeros(E, dtype=torch.bool, device=device)
@@ -129,6 +131,8 @@ def env_mask(env_ids, E: int, device) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"env_ids: expected integer env indices or a bool mask of {E} envs, "
                         f"got {type(env_ids).__name__}") from None
+    if ids.numel() == 0 and not isinstance(env_ids, torch.Tensor):
+        return mask  # reset([]): no env, a no-op (torch.as_tensor([]) is float32, not an index)
     if ids.dtype == torch.bool:
         if ids.numel() != E:
             raise ValueError(f"env_ids: expected a bool mask of {E} envs, got {ids.numel()}")

@@ -347,6 +347,11 @@ def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Ten
         _validate.check_range(x, name, 0.0, 1.0, "values in [0, 1]")
         if bool(torch.isnan(x).any()):
             raise ValueError(f"{name}: expected values in [0, 1], got NaN")
+    try:
+        torch.broadcast_shapes(p.shape, u.shape)
+    except RuntimeError:
+        raise ValueError(f"p, u: expected shapes that broadcast together, got p {list(p.shape)} and "
+                         f"u {list(u.shape)}") from None
     if lam == 0:
         return (u < p).to(p.dtype)
     eps = 1e-12 if p.dtype == torch.float64 else 1e-6
