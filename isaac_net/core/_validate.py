@@ -12,12 +12,11 @@ import numbers
 import torch
 
 from isaac_net.core import radio
-from isaac_net.core.config import CellConfig
+from isaac_net.core.config import TX_DBM_RANGE, CellConfig  # noqa: F401 (TX_DBM_RANGE: re-exported)
 
 #: Validated ranges of the physical inputs (every level and DiffFluid). Beyond them float32
 #: overflows (a 1e38-byte message; 1000 dBm is 1e67 W) or the models leave their physics.
 MSG_BYTES_MAX = 1e9  # message size, bytes: (0, 1 GB]
-TX_DBM_RANGE = (-50.0, 60.0)  # transmit power, dBm (10 nW .. 1 kW)
 SNR_DB_RANGE = (-150.0, 150.0)  # SNR given directly, dB (positions give about -100 .. 130 dB)
 SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes
 DEVICE_TYPES = ("cpu", "cuda")
