@@ -339,7 +339,8 @@ def test_the_loss_leaves_out_a_delay_or_energy_the_target_does_not_have():
         assert bool(torch.isfinite(left_out).all())
         torch.testing.assert_close(left_out[1:], full[1:], rtol=0, atol=0)
         aoi_err = float(torch.log(model["mean_aoi"][0] / target["mean_aoi"][0]))
-        delivery_err = float(model["delivery_ratio"][0] - target["delivery_ratio"][0]) / calibrate.DELIVERY_UNIT
+        delivery_err = float(model["delivery_ratio"][0] - target["delivery_ratio"][0])
+        delivery_err /= calibrate.DELIVERY_UNIT
         expected0 = calibrate.LOSS_WEIGHTS["mean_aoi"] * aoi_err**2 + delivery_err**2
         assert float(left_out[0]) == pytest.approx(expected0, rel=1e-12)
         total = float(calibrate.loss(idle_model, idle_target, pairs))
