@@ -67,9 +67,9 @@ def test_issue_reproducers_give_the_saturated_kpis():
                      snr_db=torch.stack([snr[0, 0], torch.tensor(60.0)]).unsqueeze(0), sends="relaxed",
                      generator=torch.Generator().manual_seed(1))
     for k in KPIS:
-        assert math.isfinite(float(near[k])), k
+        assert math.isfinite(near[k].item()), k
         torch.testing.assert_close(near[k], capped[k], rtol=1e-5, atol=0.0)
-    assert 0.0 <= float(near["delivery_ratio"]) <= 1.0
+    assert 0.0 <= near["delivery_ratio"].item() <= 1.0
     for step_by_step in (False, True):
         for slots in ("recompute", "autograd"):
             snr = torch.tensor([[90.0]], requires_grad=True)
@@ -99,8 +99,8 @@ def test_snr_up_to_120_db_gives_finite_kpis_and_gradients_in_float32(mode, sends
                       generator=torch.Generator().manual_seed(seed))
         vals = torch.stack([out[k] for k in KPIS])
         assert bool(torch.isfinite(vals).all()), (seed, vals)
-        assert 0.0 <= float(out["delivery_ratio"]) <= 1.0
-        assert float(out["mean_aoi"]) >= 1.0 and float(out["mean_energy_j"]) >= 0.0
+        assert 0.0 <= out["delivery_ratio"].item() <= 1.0
+        assert out["mean_aoi"].item() >= 1.0 and out["mean_energy_j"].item() >= 0.0
         vals.sum().backward()
         assert bool(torch.isfinite(snr.grad).all())
         assert p.grad is None or bool(torch.isfinite(p.grad).all())
@@ -116,7 +116,7 @@ def test_steps_without_sends_have_finite_zero_gradients_at_any_snr(mode):
             snr = (torch.rand(E, R, generator=g, dtype=dt) * 300.0 - 150.0).requires_grad_()
             out = rollout(DiffFluid(E, R, mode=mode, dtype=dt), 4, 0.0, 8000.0, snr_db=snr)
             (out["mean_aoi"] + out["mean_energy_j"] + out["mean_delay"]).backward()
-            assert float(out["mean_aoi"]) == 2.5  # 1, 2, 3, 4
+            assert out["mean_aoi"].item() == 2.5  # 1, 2, 3, 4
             assert bool(torch.isfinite(snr.grad).all()) and float(snr.grad.abs().max()) == 0.0
 
 
@@ -196,7 +196,7 @@ def test_snr_is_finite_and_decreasing_at_any_finite_distance():
             - cfg.noise_dbm
         assert torch.equal(radio.snr_db(near, 23.0, cfg), plain)
     far = rollout(DiffFluid(1, 2, mode="QA"), 4, 0.5, 1000.0, pos=torch.tensor([[[1e30, 0.0], [50.0, 0.0]]]))
-    assert all(math.isfinite(float(far[k])) for k in KPIS)
+    assert all(math.isfinite(far[k].item()) for k in KPIS)
 
 
 # ------------------------------------------------------------------ CellConfig ranges (item 10)
@@ -263,7 +263,7 @@ def test_random_cells_within_the_ranges_give_finite_kpis_and_gradients():
                           generator=torch.Generator().manual_seed(trial))
             v = torch.stack([out[k] for k in KPIS])
             v.sum().backward()
-            assert bool(torch.isfinite(v).all()) and 0.0 <= float(out["delivery_ratio"]) <= 1.0, (kw, v)
+            assert bool(torch.isfinite(v).all()) and 0.0 <= out["delivery_ratio"].item() <= 1.0, (kw, v)
             assert all(bool(torch.isfinite(t.grad).all()) for t in (snr, p, B)), kw
 
 
