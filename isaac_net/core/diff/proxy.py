@@ -17,9 +17,9 @@ Every prediction respects its KPI's physical bounds by construction, at any inpu
 weights (:meth:`Proxy._decode`): the delivery ratio is a sigmoid, in [0, 1]; delay and energy
 are ``softplus`` heads, >= 0; the AoI is ``1 + softplus``, >= 1 (a message generated and
 delivered in one step has AoI 1). Format version 2 had affine delay, AoI and energy heads, which
-left those bounds (the committed proxy predicted energies < 0 for 0.6 % of robots inside its
-own ranges, delays down to -0.06 steps and AoI < 1 for 0.3 %); version 3 files hold the new
-heads, and a version-2 file is refused with the advice to refit.
+left those bounds (the last version-2 proxy of the full profile predicted energies < 0 for 0.58 %
+and AoIs < 1 for 0.34 % of robots drawn uniformly from its own ranges); version 3 files hold the
+new heads, and a version-2 file is refused with the advice to refit.
 
 Recipe::
 
