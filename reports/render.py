@@ -172,10 +172,51 @@ class TKey(str):
         return obj
 
 
+class TStr(str):
+    """A string of an artifact: a string everywhere, but a number filter given it fails naming its
+    file and key (a string where a number belongs)."""
+
+    def __new__(cls, text: str, src: str, key: str):
+        obj = super().__new__(cls, text)
+        obj._src, obj._key = src, key
+        return obj
+
+    def _where(self) -> str:
+        return f"{self._src}: {self._key}"
+
+
+class TBool(_Node):
+    """A boolean of an artifact: its truth value in tests (``if``, ``is true`` / ``is false``,
+    ``selectattr``), printed as before; a number filter given it fails naming its file and key."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool, src: str, key: str):
+        super().__init__(src, key)
+        self.value = value
+
+    def __bool__(self):
+        return self.value
+
+    def __eq__(self, other):
+        return self.value == (other.value if isinstance(other, TBool) else other)
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __str__(self):
+        return str(self.value)
+
+    def __repr__(self):
+        return f"<{self._key} = {self.value!r}>"
+
+
 def wrap(value, src: str, key: str):
     """The traced view of a JSON value: objects and lists whose items carry their key path."""
-    if isinstance(value, bool) or isinstance(value, str):
-        return value
+    if isinstance(value, bool):
+        return TBool(value, src, key)
+    if isinstance(value, str):
+        return TStr(value, src, key)
     if value is None:
         return TNull(src, key)
     if isinstance(value, (int, float)):
@@ -310,6 +351,10 @@ def _number(x, filt: str):
             return float(x) if any(c in x for c in ".eE") else int(x)
         except ValueError:
             raise TraceError(f"{x._src}: {x._key} {str(x)!r} is not a number ({filt})") from None
+    if isinstance(x, TBool):
+        raise TraceError(f"{x._where()} is the boolean {x.value!r}, not a number ({filt})")
+    if isinstance(x, TStr):
+        raise TraceError(f"{x._where()} is the string {str(x)!r}, not a number ({filt})")
     if isinstance(x, TNull):
         raise TraceError(f"{x._where()} is null ({filt}): test it in the template (`is none`) and say "
                          "in words that it has no value")
@@ -367,7 +412,7 @@ def pct(x, sig: int = 2) -> str:
 def cell(v) -> str:
     """A table cell: a number, yes/no, a list of numbers, or text (pipes escaped). Null fails:
     test for it and write what it means."""
-    if isinstance(v, bool):
+    if isinstance(v, (bool, TBool)):
         return "yes" if v else "no"
     if isinstance(v, (TNum, TNull)) or v is None or isinstance(v, (int, float)):
         return num(v)
@@ -445,6 +490,10 @@ def environment(folder: Path = TEMPLATE.parent) -> jinja2.Environment:
     env.filters.update(num=num, fix=fix, pct=pct, cell=cell, size=size, columns=columns, words=words,
                        dmodel=dmodel)
     env.tests["none"] = lambda v: v is None or isinstance(v, TNull)
+    # An artifact's booleans are TBool (they carry their key): jinja's own tests ask ``is True``.
+    env.tests["true"] = lambda v: v is True or (isinstance(v, TBool) and v.value is True)
+    env.tests["false"] = lambda v: v is False or (isinstance(v, TBool) and v.value is False)
+    env.tests["boolean"] = lambda v: isinstance(v, (bool, TBool))
     env.tests["number"] = lambda v: isinstance(v, TNum) or (isinstance(v, (int, float))
                                                             and not isinstance(v, bool))
     return env

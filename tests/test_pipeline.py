@@ -602,7 +602,11 @@ def test_trace_entries_are_checked_against_their_artifact(tmp_path):
     ("{{ a.cost.table[0].forward_s * 2 }}", r"cost\.table\[0\]\.forward_s \* 2\) = 0\.8 printed without"),
     ("{{ 3 }}", "the number 3 reached the page without an artifact key"),
     ("{{ 3|num }}", "does not come from an artifact"),
-    ("{{ a.cost.summary.dtype|num }}", "the string 'float32' is not a number"),
+    ("{{ a.cost.summary.dtype|num }}", r"cost\.json: cost\.summary\.dtype is the string 'float32', not a"),
+    ("{{ a.equivalence.summary.all_pass|num }}",
+     r"equivalence\.json: equivalence\.summary\.all_pass is the boolean True, not a number \(num\)"),
+    ("{{ a.fd_check.summary.tol|fix }}{{ a.cost.table[0].variant|pct }}",
+     r"cost\.json: cost\.table\[0\]\.variant is the string 'eager', not a number \(pct\)"),
     ("{{ a.gradcheck.summary.max_abs_gap|num }}", r"gradcheck\.json: gradcheck\.summary\.max_abs_gap is nul"),
     ("{{ a.gradcheck.summary.max_abs_gap }}", r"gradcheck\.summary\.max_abs_gap is null, printed without"),
     ("{{ a.cost.summary }}", "a whole object printed"),
@@ -610,6 +614,16 @@ def test_trace_entries_are_checked_against_their_artifact(tmp_path):
 def test_an_untraced_or_missing_number_fails_the_render(tmp_path, text, match):
     with pytest.raises(render.TraceError, match=match):
         _render_snippet(tmp_path, text)
+
+
+def test_artifact_booleans_keep_their_truth_in_tests_and_cells(tmp_path):
+    """An artifact's booleans carry their key (TBool) and still act as booleans in the template."""
+    text = ("{{ a.equivalence.summary.all_pass|cell }} {{ 'T' if a.equivalence.summary.all_pass is true }}"
+            "{{ 'F' if a.equivalence.summary.all_pass is false else '-' }}"
+            "{{ a.equivalence.table|selectattr('binds')|list|length > 0 }} "
+            "{{ a.equivalence.summary.all_pass }}\n")
+    page, _ = _render_snippet(tmp_path, text)
+    assert page == "yes T-True True\n"
 
 
 def test_null_renders_in_words_when_the_template_tests_for_it(tmp_path):

@@ -12,12 +12,11 @@ import numbers
 import torch
 
 from isaac_net.core import radio
-from isaac_net.core.config import CellConfig
+from isaac_net.core.config import TX_DBM_RANGE, CellConfig  # noqa: F401 (TX_DBM_RANGE: re-exported)
 
 #: Validated ranges of the physical inputs (every level and DiffFluid). Beyond them float32
 #: overflows (a 1e38-byte message; 1000 dBm is 1e67 W) or the models leave their physics.
 MSG_BYTES_MAX = 1e9  # message size, bytes: (0, 1 GB]
-TX_DBM_RANGE = (-50.0, 60.0)  # transmit power, dBm (10 nW .. 1 kW)
 SNR_DB_RANGE = (-150.0, 150.0)  # SNR given directly, dB (positions give about -100 .. 130 dB)
 SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes
 DEVICE_TYPES = ("cpu", "cuda")
@@ -116,6 +115,8 @@ def deadline_steps(deadline, cfg: CellConfig, E: int, R: int, dtype, device, *, 
 def env_mask(env_ids, E: int, device) -> torch.Tensor:
     """``[E]`` bool mask of the envs to reset: all when None, else integer indices or an ``[E]`` bool mask.
 
+    An empty list or tuple (like an empty integer tensor) selects no env.
+
     Floats (``0.7``), strings and other types are refused: an index is never rounded.
     """
     mask = torch.zeros(E, dtype=torch.bool, device=device)
@@ -129,6 +130,8 @@ def env_mask(env_ids, E: int, device) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"env_ids: expected integer env indices or a bool mask of {E} envs, "
                         f"got {type(env_ids).__name__}") from None
+    if ids.numel() == 0 and not isinstance(env_ids, torch.Tensor):
+        return mask  # reset([]): no env, a no-op (torch.as_tensor([]) is float32, not an index)
     if ids.dtype == torch.bool:
         if ids.numel() != E:
             raise ValueError(f"env_ids: expected a bool mask of {E} envs, got {ids.numel()}")

@@ -52,6 +52,11 @@ class CellConfig:
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
+        for name, (lo, hi, unit) in PHYSICAL_RANGES.items():
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ValueError(f"CellConfig.{name} must lie in [{lo:g}, {hi:g}]{unit}, got {value!r}: "
+                                 f"{_RANGE_WHY[name]}")
 
     @property
     def slot_s(self) -> float:
@@ -78,6 +83,44 @@ class CellConfig:
     def noise_dbm(self) -> float:
         """Thermal noise in one subband at the gNB, dBm."""
         return -174.0 + 10.0 * math.log10(self.subband_hz) + self.noise_figure_db
+
+
+#: Transmit power, dBm (10 nW .. 1 kW): the range every level and DiffFluid accept as an input too.
+TX_DBM_RANGE = (-50.0, 60.0)
+
+#: The physical range of each constant, ``(lo, hi, unit)``: generous around any real cell, and
+#: narrow enough that the models stay finite in float32 (gradients included) and their buffers
+#: allocate. Out of it a ValueError naming the field (``_RANGE_WHY`` says why the bound).
+PHYSICAL_RANGES = {
+    "step_s": (1e-6, 60.0, " s"),
+    "num_slots": (1, 10_000, " slots"),
+    "num_subbands": (1, 1_000, " subbands"),
+    "subband_hz": (1e3, 1e9, " Hz"),
+    "se_max": (1e-3, 20.0, " b/s/Hz"),
+    "buffer_msgs": (1, 1_000, " messages"),
+    "timeout_steps": (1, 1_000, " control steps"),
+    "fc_ghz": (0.1, 100.0, " GHz"),
+    "noise_figure_db": (0.0, 30.0, " dB"),
+    "tx_dbm": (*TX_DBM_RANGE, " dBm"),
+    "qa_snr_req_db": (-30.0, 60.0, " dB"),
+    "rate_factor": (1e-3, 10.0, ""),
+    "snr_offset_db": (-60.0, 60.0, " dB"),
+}
+_RANGE_WHY = {
+    "step_s": "a control step from a microsecond to a minute (beyond, the delays and energies leave float32)",
+    "num_slots": "UL slots per control step (each one a slot of L1D's loop)",
+    "num_subbands": "subbands of one carrier (NR has at most 275 resource blocks)",
+    "subband_hz": "a subband from 1 kHz to 1 GHz",
+    "se_max": "a spectral-efficiency cap of a real modulation (NR's 1024-QAM: ~9 b/s/Hz)",
+    "buffer_msgs": "messages queued per robot (the discrete levels allocate [E, R, F])",
+    "timeout_steps": "age slots per robot (every model allocates [E, R, A])",
+    "fc_ghz": "a carrier of the UMi path-loss law (0.5 .. 100 GHz) with margin",
+    "noise_figure_db": "a receiver's noise figure is >= 0 dB",
+    "tx_dbm": "the transmit powers every level accepts as inputs",
+    "qa_snr_req_db": "a per-subband SNR requirement (10^(dB/10) must stay finite in float32)",
+    "rate_factor": "a capacity factor of order one (calibrations fit 0.05 .. 2)",
+    "snr_offset_db": "an offset that keeps the rate SNR finite in float32 (calibrations fit about -12 .. 4)",
+}
 
 
 def _is_real(value) -> bool:

@@ -112,7 +112,7 @@ def check_horizon(T, warmup) -> None:
     """A rollout of ``T >= 1`` control steps counts KPIs from step ``warmup`` in ``[0, T)``."""
     if not (isinstance(T, int) and not isinstance(T, bool) and T >= 1):
         raise ValueError(f"T: expected an integer >= 1 control steps, got {T!r}")
-    if not (isinstance(warmup, int) and 0 <= warmup < T):
+    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and 0 <= warmup < T):
         raise ValueError(f"warmup: expected an integer in [0, T={T}), got {warmup!r}")
 
 

@@ -39,12 +39,12 @@ from isaac_net.core._kernels import Kernel, own_storage
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff._l1_loop import LN2
 from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
-from isaac_net.core.diff.relax import EULER_GAMMA, Temperature, smax1_vjp, smin1_vjp
+from isaac_net.core.diff.relax import Temperature, harmonic, harmonic_deriv, smax1_vjp, smin1_vjp
 from isaac_net.core.kpi import Totals
 
 # The step's scalars besides the temperature's, in the order of ``_Consts.vector``.
 _SCALARS = ("one", "neg_inf", "inv_tau_n", "buffer_limit", "subbands", "se_max", "inv_se_max", "kappa",
-            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "gamma", "one_minus_A")
+            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "one_minus_A")
 
 
 class _Consts:
@@ -59,7 +59,7 @@ class _Consts:
             one=1.0, neg_inf=-math.inf, inv_tau_n=1.0 / tau_n,
             buffer_limit=cfg.buffer_msgs - 0.5, subbands=float(cfg.num_subbands), se_max=cfg.se_max,
             inv_se_max=1.0 / cfg.se_max, kappa=cfg.bytes_per_se_s, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
-            step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2, gamma=EULER_GAMMA,
+            step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2,
             one_minus_A=1.0 - A,
         )
         temp = Temperature.of(tau, dtype, device)
@@ -204,7 +204,7 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     ratio = share / m
     sr, d_sr = smin1_vjp(ratio, k.temp, clamp=False)  # share / m >= 1 / (smax(n, 1) m) > 0
     alloc = m * sr
-    gain = torch.special.digamma(n + k.one).add_(k.gamma)
+    gain = harmonic(n)  # the PF gain H(n) (its series where digamma(n + 1) + gamma cancels, at tiny n)
     # smax(a, 1) = a / smin(a, 1) (alloc >= smin(share / m, 1) > 0, no clamp), and its derivative
     # (1 - a smin'(a, 1) / smin(a, 1)) / smin(a, 1)
     s1, d_s1 = smin1_vjp(alloc, k.temp, clamp=False)
@@ -403,7 +403,7 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_ratio = g_alloc * s.m * s.d_sr
     g_m = g_alloc * s.sr - g_ratio * s.ratio / s.m if needs.headroom else None
     g_share = (g_ratio / s.m).sum(-1, keepdim=True)
-    g_n = (g_gain.sum(-1, keepdim=True) * torch.special.polygamma(1, s.n + k.one)
+    g_n = (g_gain.sum(-1, keepdim=True) * harmonic_deriv(s.n)
            - g_share * s.share / s.sn * s.d_sn)
     # n = sum_r busy; busy = smin(sum_a w1, 1).
     g_w1 += (g_busy + g_n) * s.d_busy

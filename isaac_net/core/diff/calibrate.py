@@ -119,11 +119,22 @@ def fleet_sizes(R) -> tuple:
         sizes = tuple(sizes)
     except TypeError:
         raise TypeError(f"R: expected an integer >= 1 or a sequence of them, got {R!r}") from None
-    if not sizes or any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1 for r in sizes):
+    if isinstance(R, (str, bytes)) or not sizes or any(not _is_integer(r) or r < 1 for r in sizes):
         raise ValueError(f"R: expected an integer >= 1 or a non-empty sequence of them, got {R!r}")
     if len(set(sizes)) != len(sizes):
         raise ValueError(f"R: expected distinct fleet sizes, got {list(sizes)}")
     return tuple(int(r) for r in sizes)
+
+
+def _one_fleet_size(R) -> int:
+    """``R`` of one use of a calibration: one fleet size, an integer >= 1 (not a tuple of them, a
+    float or a string, which ``int()`` would read or round)."""
+    if isinstance(R, bool) or not isinstance(R, (int, np.integer)):
+        hint = " (one of the fitted sizes, not the tuple)" if isinstance(R, (tuple, list)) else ""
+        raise TypeError(f"R: expected one fleet size, an integer >= 1{hint}; got {R!r}")
+    if R < 1:
+        raise ValueError(f"R: expected one fleet size, an integer >= 1; got {R!r}")
+    return int(R)
 
 
 def concat_points(parts) -> dict:
@@ -310,14 +321,18 @@ def gradient_check(mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau
     A backpropagation through time that is unstable (a state map that expands, step after step)
     gives derivatives many orders of magnitude above the finite difference, which stays of the
     size of the KPI's change: the error ``|autograd - FD| / (|FD| + KPI_FLOOR |KPI|)`` measures it.
+    A point at ``p = 0`` or ``p = 1`` is left out (``skipped``): p cannot move both ways there, so
+    there is no central difference, and at ``p = 0`` nothing is delivered and the delay has no value.
 
     :output: ``{"stable": worst error <= max_error, "worst_error", "kpi", "point", "autograd",
-        "fd"}`` (the last four where the error is worst), plus ``h``, ``max_error`` and ``kpi_floor``.
+        "fd"}`` (the last four where the error is worst), plus ``h``, ``max_error``, ``kpi_floor``
+        and, where some points were left out, ``skipped`` (their points).
     """
     n = len(prob.points)
     per_point = torch.tensor([pt[0] for pt in prob.points], dtype=torch.float64)
     h_pt = torch.minimum(torch.full_like(per_point, float(h)), torch.minimum(per_point, 1.0 - per_point) / 2)
     h_pt = h_pt.clamp_min(1e-4).to(prob.p.dtype)
+    inside = (per_point > 0) & (per_point < 1)
 
     def envs(v):  # [n_points] -> [E, 1], point i's envs
         return v.repeat_interleave(prob.envs).unsqueeze(-1)
@@ -338,21 +353,32 @@ def gradient_check(mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau
         fd = (up[k] - down[k]).double() / (2.0 * h_pt.double())
         err = (g - fd).abs() / (fd.abs() + KPI_FLOOR * base[k].detach().double().abs())
         err = torch.where(torch.isfinite(err), err, math.inf)
+        err = torch.where(inside, err, 0.0)  # no central difference at p = 0 or 1
         i = int(err.argmax())
         if float(err[i]) > worst["worst_error"] or worst["kpi"] is None:
             worst = {"worst_error": float(err[i]), "kpi": k, "point": list(prob.points[i]),
                      "autograd": float(g[i]), "fd": float(fd[i])}
     stable = worst["worst_error"] <= max_error
-    return {"stable": stable, **worst, "h": float(h), "max_error": float(max_error), "kpi_floor": KPI_FLOOR}
+    skipped = [list(pt) for pt, keep in zip(prob.points, inside.tolist(), strict=True) if not keep]
+    return {"stable": stable, **worst, "h": float(h), "max_error": float(max_error), "kpi_floor": KPI_FLOOR,
+            **({"skipped": skipped} if skipped else {})}
 
 
-def _errors(model: dict, target: dict) -> dict:
+def _errors(model: dict, target: dict) -> tuple[dict, dict]:
     """Per KPI ``[..., n_points]``: the log error of delay, AoI and energy, the delivery error in units
-    of ``DELIVERY_UNIT``."""
+    of ``DELIVERY_UNIT``; and where each is defined (``[n_points]`` bools).
+
+    A target that delivered nothing has no delay (its ``mean_delay`` is the convention 0, not a
+    delay) and one that sent nothing no energy to compare (0): e.g. a point at ``p = 0``. There the
+    log error has no value and its term is left out (0, and so is every change to or from it in the
+    slope term); the point still counts its delivery and AoI. A model that delivers nothing where
+    the target does keeps an infinite error."""
     out = {"delivery_ratio": (model["delivery_ratio"] - target["delivery_ratio"]) / DELIVERY_UNIT}
+    defined = {"delivery_ratio": torch.ones_like(target["delivery_ratio"], dtype=torch.bool)}
     for k in ("mean_delay", "mean_aoi", "mean_energy_j"):
-        out[k] = torch.log(model[k]) - torch.log(target[k])
-    return out
+        defined[k] = target[k] > 0
+        out[k] = torch.where(defined[k], torch.log(model[k]) - torch.log(target[k]), 0.0)
+    return out, defined
 
 
 def _weighted_squares(errors: dict) -> torch.Tensor:
@@ -363,8 +389,9 @@ def _weighted_squares(errors: dict) -> torch.Tensor:
 def point_loss(model: dict, target: dict) -> torch.Tensor:
     """Loss per point ``[..., n_points]``: squared log errors of delay, AoI and energy plus the
     delivery error in units of ``DELIVERY_UNIT``, weighted by ``LOSS_WEIGHTS``. A model that
-    delivers nothing where the target does has an infinite loss."""
-    return _weighted_squares(_errors(model, target))
+    delivers nothing where the target does has an infinite loss; a target without a delay or an
+    energy (nothing delivered or sent, e.g. at ``p = 0``) leaves that term out (:func:`_errors`)."""
+    return _weighted_squares(_errors(model, target)[0])
 
 
 def neighbours(points, n_sizes: int = 1) -> torch.Tensor:
@@ -399,12 +426,14 @@ def loss(model: dict, target: dict, pairs: torch.Tensor | None = None,
     delivery scale). Levels alone let a fit trade an error at one point against the opposite
     error at its neighbour, a slope of the wrong size: what a gradient-based user then follows.
     """
-    errors = _errors(model, target)
+    errors, defined = _errors(model, target)
     total = _weighted_squares(errors).mean(-1)
     if pairs is None or not len(pairs) or slope_weight == 0:
         return total
     i, j = pairs[:, 0], pairs[:, 1]
-    changes = {k: e[..., j] - e[..., i] for k, e in errors.items()}
+    # A change to or from a point where the error has no value has none either.
+    changes = {k: torch.where(defined[k][..., j] & defined[k][..., i], e[..., j] - e[..., i], 0.0)
+               for k, e in errors.items()}
     return total + slope_weight * _weighted_squares(changes).mean(-1)
 
 
@@ -514,8 +543,10 @@ class Calibration:
                     f"l2_config: this calibration ({self.mode}, {self.sends}) was fitted against "
                     f"another L2LegacyConfig (differs in {', '.join(diff)}); refit it"
                 )
+        if R is not None:
+            R = _one_fleet_size(R)
         differs = []
-        if R is not None and int(R) not in self.R:
+        if R is not None and R not in self.R:
             differs.append(f"R = {R} (fitted for {' and '.join(map(str, self.R))})")
         if area_m is not None and tuple(float(a) for a in area_m) != tuple(self.area_m):
             differs.append(f"area_m = {list(area_m)} (fitted for {list(self.area_m)})")
@@ -550,16 +581,24 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "the dict") -> "Calibration":
+        """A calibration from its dict (:meth:`to_dict`, an entry of a calibration file), every field
+        checked: a ValueError or TypeError names ``source`` (the file) and the field."""
+        if not isinstance(d, dict):
+            raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
         optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
         kw = {n: d[n] for n in names if n in d}
+        _check_fields(kw, source)
         kw["grid"] = tuple(tuple(pt) for pt in kw["grid"])
         kw["heldout_grid"] = tuple(tuple(pt) for pt in kw["heldout_grid"])
         kw["area_m"] = tuple(kw["area_m"])
-        return cls(**kw)
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError) as err:  # the checks of __post_init__ (R, tau, qa_snr_req_db)
+            raise type(err)(f"{source}: {err}") from None
 
     def save(self, path) -> None:
         """Write this calibration into the calibration file ``path``, replacing an entry of the same
@@ -577,7 +616,7 @@ class Calibration:
         _check_model(mode, sends)
         entries = _read_file(Path(path))
         for e in entries:
-            if (e.get("mode"), e.get("sends")) == (mode, sends):
+            if (e["mode"], e["sends"]) == (mode, sends):
                 return cls.from_dict(e, str(path))
         have = ", ".join(f"({e.get('mode')}, {e.get('sends')})" for e in entries) or "none"
         raise ValueError(f"{path}: no calibration for mode={mode!r}, sends={sends!r}; the file holds: {have}")
@@ -587,13 +626,99 @@ _CALIBRATED_FIELDS = ("rate_factor", "snr_offset_db", "l1_sr_slots", "qa_sr_slot
 
 
 def save_all(path, calibrations) -> None:
-    """Write several calibrations (``Calibration`` or their dicts) as one calibration file."""
+    """Write several calibrations (``Calibration`` or their dicts) as one calibration file.
+
+    A non-finite number (a loss or a gradient check's error of inf) is written as JSON's
+    extension ``Infinity`` / ``NaN``, which :meth:`Calibration.load` reads back as it was."""
     entries = [c.to_dict() if isinstance(c, Calibration) else c for c in calibrations]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(
-        json.dumps({"format": FORMAT, "version": VERSION, "calibrations": entries}, indent=1, allow_nan=False)
+        json.dumps({"format": FORMAT, "version": VERSION, "calibrations": entries}, indent=1, allow_nan=True)
         + "\n"
     )
+
+
+def _field_error(source: str, name: str, expected: str, value, kind=ValueError):
+    return kind(f"{source}: calibration field {name!r}: expected {expected}, got {value!r}")
+
+
+def _check_fields(kw: dict, source: str) -> None:
+    """Every field of a calibration entry of the right type and range (the error names ``source``
+    and the field). A loss may be inf (a point the model could not meet) or null (none measured,
+    or written as null by a strict-JSON writer such as the pipeline's artifacts)."""
+    def number(name, *, finite=True, optional=False, lo=None, lo_open=False):
+        v = kw.get(name)
+        if v is None and optional:
+            return
+        what = "a finite number" if finite else "a number"
+        what += "" if lo is None else f" {'>' if lo_open else '>='} {lo:g}"
+        what += " or null" if optional else ""
+        if not _is_number(v):
+            raise _field_error(source, name, what, v, TypeError)
+        if math.isnan(v) or (finite and not math.isfinite(v)) or (
+                lo is not None and (v <= lo if lo_open else v < lo)):
+            raise _field_error(source, name, what, v)
+
+    for name in ("mode", "sends"):
+        allowed = MODES if name == "mode" else SENDS
+        if kw[name] not in allowed:
+            raise _field_error(source, name, f"one of {list(allowed)}", kw[name])
+    number("rate_factor", lo=0.0, lo_open=True)
+    number("snr_offset_db")
+    if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
+        raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
+                           TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
+    for name in ("train_loss", "uncalibrated_train_loss", "heldout_loss", "uncalibrated_heldout_loss"):
+        number(name, finite=False, optional=True, lo=0.0)
+    for name in ("grid", "heldout_grid"):
+        v = kw[name]
+        if not isinstance(v, (list, tuple)):
+            raise _field_error(source, name, "a list of points [p, msg_bytes, tx_dbm]", v, TypeError)
+        if not all(isinstance(pt, (list, tuple)) for pt in v):
+            raise _field_error(source, name, "a list of points [p, msg_bytes, tx_dbm]", v, TypeError)
+        try:
+            _check_points(v, repr(name), allow_empty=name == "heldout_grid")
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{source}: calibration field {err}") from None
+    try:
+        fleet_sizes(kw["R"])
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{source}: calibration field {err}") from None
+    area = kw["area_m"]
+    if not (isinstance(area, (list, tuple)) and len(area) == 2 and all(_is_number(a) for a in area)
+            and all(math.isfinite(a) for a in area) and 0 <= area[0] < area[1]):
+        raise _field_error(source, "area_m", "[low, high] m with 0 <= low < high", area)
+    cell = kw["cell"]
+    if not isinstance(cell, dict):
+        raise _field_error(source, "cell", "the CellConfig fitted on, as an object", cell, TypeError)
+    try:
+        CellConfig(**cell)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: calibration field 'cell': not a valid CellConfig: {err}") from None
+    l2 = kw["l2_config"]
+    if not isinstance(l2, dict):
+        raise _field_error(source, "l2_config", "the L2LegacyConfig fitted against, as an object", l2,
+                           TypeError)
+    try:
+        L2LegacyConfig(**l2)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: calibration field 'l2_config': not a valid L2LegacyConfig: "
+                         f"{err}") from None
+    if not isinstance(kw["setup"], dict):
+        raise _field_error(source, "setup", "the fit's settings, as an object", kw["setup"], TypeError)
+    number("tau", optional=True, lo=0.0, lo_open=True)
+    if kw.get("tau") is None:  # a file from before the temperature was fitted: the fit's own
+        t = kw["setup"].get("tau")
+        if not (_is_number(t) and math.isfinite(t) and t > 0):
+            raise _field_error(source, "tau", "a temperature > 0 (or, in a file without one, setup.tau)",
+                               t, TypeError if not _is_number(t) else ValueError)
+    number("qa_snr_req_db", optional=True)
+    for name in ("gradient_check", "provenance"):
+        v = kw.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise _field_error(source, name, "an object or null", v, TypeError)
+    if "provenance" in kw and kw["provenance"] is None:
+        raise _field_error(source, "provenance", "an object", None, TypeError)
 
 
 def _read_file(path: Path) -> list:
@@ -610,16 +735,24 @@ def _read_file(path: Path) -> list:
             f"{path}: calibration file version {data.get('version')!r}; this library reads "
             f"version {VERSION} with a list 'calibrations'"
         )
+    for i, e in enumerate(data["calibrations"]):
+        if not isinstance(e, dict):
+            raise TypeError(f"{path}: calibrations[{i}]: expected a calibration entry (a JSON object), "
+                            f"got {e!r}")
+        for name, allowed in (("mode", MODES), ("sends", SENDS)):
+            if e.get(name) not in allowed:
+                raise ValueError(f"{path}: calibrations[{i}]: field {name!r}: expected one of "
+                                 f"{list(allowed)}, got {e.get(name)!r}")
     return data["calibrations"]
 
 
 def _jsonable(x):
+    """``x`` as JSON's types: dicts with string keys, lists; numbers as they are (a non-finite one is
+    written as ``Infinity`` / ``NaN`` by :func:`save_all` and read back unchanged)."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
     return x
 
 
@@ -685,7 +818,9 @@ def fit(
     l2_cfg = L2LegacyConfig() if l2_cfg is None else l2_cfg
     if not (isinstance(model_envs, int) and 1 <= model_envs <= envs):
         raise ValueError(f"model_envs: expected an integer in [1, envs={envs}], got {model_envs!r}")
-    sp = {**SEARCH, **(search or {})}
+    _check_points(grid, "grid", allow_empty=False)
+    _check_points(heldout, "heldout", allow_empty=True)
+    sp = _check_search(search, mode)
     floors = sp["sr_slots"][mode] if isinstance(sp["sr_slots"], dict) else sp["sr_slots"]
     if any(not (0 <= int(L) <= cfg.num_slots) for L in floors):
         raise ValueError(
@@ -887,6 +1022,82 @@ def fit(
         qa_snr_req_db=best.qa_snr_req_db,
         provenance=prov,
     )
+
+
+def _check_points(points, name: str, *, allow_empty: bool) -> None:
+    """Operating points ``(p, msg_bytes, tx_dbm)``: ``p`` in [0, 1], a size > 0, finite numbers."""
+    try:
+        pts = [tuple(pt) for pt in points]
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of points (p, msg_bytes, tx_dbm), "
+                        f"got {points!r}") from None
+    if not pts and not allow_empty:
+        raise ValueError(f"{name}: expected at least one operating point (p, msg_bytes, tx_dbm), got none")
+    for pt in pts:
+        if len(pt) != 3 or not all(_is_number(v) and math.isfinite(v) for v in pt):
+            raise ValueError(f"{name}: expected points (p, msg_bytes, tx_dbm) of finite numbers, got {pt!r}")
+        if not (0 <= pt[0] <= 1 and pt[1] > 0):
+            raise ValueError(f"{name}: expected points (p in [0, 1], msg_bytes > 0, tx_dbm), got {pt!r}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _is_integer(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_search(search, mode: str) -> dict:
+    """``SEARCH`` with the overrides ``search``, each list non-empty and of the right kind (the error
+    names ``search[key]``); the value checks that depend on the cell follow in :func:`fit`."""
+    if search is not None and not isinstance(search, dict):
+        raise TypeError(f"search: expected a dict of overrides of calibrate.SEARCH, "
+                        f"got {type(search).__name__}")
+    unknown = sorted(set(search or {}) - set(SEARCH))
+    if unknown:
+        raise ValueError(f"search: unknown keys {unknown}; expected some of {sorted(SEARCH)}")
+    sp = {**SEARCH, **(search or {})}
+
+    def values(where, v, *, optional=False, integer=False):
+        if v is None and optional:
+            return
+        if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__len__"):
+            raise TypeError(f"{where}: expected a non-empty list of {'integers' if integer else 'numbers'}"
+                            f"{' or None' if optional else ''}, got {v!r}")
+        if len(v) == 0:
+            raise ValueError(f"{where}: expected a non-empty list{' or None' if optional else ''}, got an "
+                             "empty one (nothing to search)")
+        ok = _is_integer if integer else _is_number
+        if not all(ok(x) for x in v):
+            raise TypeError(f"{where}: expected {'integers' if integer else 'numbers'}, got {list(v)!r}")
+
+    etas, offsets = sp["rate_factor"], sp["snr_offset_db"]
+    values("search['rate_factor']", etas)
+    if not all(math.isfinite(x) and x > 0 for x in etas):
+        raise ValueError(f"search['rate_factor']: expected finite capacity factors > 0, got {list(etas)}")
+    values("search['snr_offset_db']", offsets)
+    if not all(math.isfinite(x) for x in offsets):
+        raise ValueError(f"search['snr_offset_db']: expected finite offsets (dB), got {list(offsets)}")
+    floors = sp["sr_slots"]
+    if isinstance(floors, dict):
+        if mode not in floors:
+            raise ValueError(f"search['sr_slots']: expected latency floors for mode {mode!r}, got keys "
+                             f"{sorted(floors)}")
+        values(f"search['sr_slots'][{mode!r}]", floors[mode], integer=True)
+    else:
+        values("search['sr_slots']", floors, integer=True)
+    values("search['tau']", sp["tau"], optional=True)
+    values("search['qa_snr_req_db']", sp["qa_snr_req_db"], optional=True)
+    for key in ("refine_top", "refine_evals"):
+        v = sp[key]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"search[{key!r}]: expected an integer >= 1, got {v!r}")
+    for key in ("gradient_h", "gradient_max_error"):
+        v = sp[key]
+        if not (_is_number(v) and math.isfinite(v) and v > 0):
+            raise ValueError(f"search[{key!r}]: expected a finite number > 0, got {v!r}")
+    return sp
 
 
 def _check_targets(targets: dict, name: str, n: int) -> None:

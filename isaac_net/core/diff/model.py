@@ -226,13 +226,14 @@ class StepInputs(typing.NamedTuple):
     keep: torch.Tensor  # [E, R, A] per-step survival at each age (tau_n)
     headroom: torch.Tensor | None  # [E, R] QAD's subband cap; None for L1D
     temps: tuple  # (tau, tau_n) of keep and headroom
+    made_for: tuple = ()  # (E, R, mode, cfg, dtype, device) of the net that built them
 
     @classmethod
     def build(cls, msg_bytes, snr_db, tx_dbm, deadline, *, cfg: CellConfig, mode: str, tau: float,
-              tau_n: float) -> "StepInputs":
+              tau_n: float, made_for: tuple = ()) -> "StepInputs":
         snr_lin = radio.rate_snr_lin(snr_db, cfg)  # the calibration's SNR offset; tx_w keeps the power
         return cls(msg_bytes, snr_lin, radio.dbm_to_w(tx_dbm), deadline,
-                   *cls._derived(snr_lin, deadline, cfg, mode, tau, tau_n), (tau, tau_n))
+                   *cls._derived(snr_lin, deadline, cfg, mode, tau, tau_n), (tau, tau_n), made_for)
 
     def at(self, tau: float, tau_n: float, *, cfg: CellConfig, mode: str) -> "StepInputs":
         """These inputs with ``keep`` and ``headroom`` at the temperatures ``(tau, tau_n)``."""
@@ -503,7 +504,24 @@ class DiffFluid:
         snr, tx = _validate.radio_inputs(snr_db, pos, tx_dbm, cfg, E, R, dt, dev)
         dl = _validate.deadline_steps(deadline, cfg, E, R, dt, dev, integer=False)
         return StepInputs.build(msg_bytes, snr, tx, dl, cfg=cfg, mode=self.mode, tau=self.tau,
-                                tau_n=self.tau_n)
+                                tau_n=self.tau_n, made_for=self._inputs_key())
+
+    def _inputs_key(self) -> tuple:
+        """What the inputs of a step depend on besides the temperatures: sizes, mode, constants, dtype
+        and device (``StepInputs.made_for``)."""
+        return (self.E, self.R, self.mode, self.cfg, self.dtype, self.device)
+
+    def _check_inputs(self, inputs) -> None:
+        """``inputs`` were built by :meth:`inputs` of a net like this one (else a clear error, not a
+        shape mismatch deep in the step or a silent mix of dtypes or constants)."""
+        if not isinstance(inputs, StepInputs):
+            raise TypeError(f"inputs: expected DiffFluid.inputs' StepInputs, got {type(inputs).__name__}")
+        if inputs.made_for is not self._inputs_key() and inputs.made_for != self._inputs_key():
+            names = ("E", "R", "mode", "cfg", "dtype", "device")
+            diff = [f"{n} {a!r} (this net: {b!r})" for n, a, b in
+                    zip(names, inputs.made_for or (None,) * 6, self._inputs_key(), strict=True) if a != b]
+            raise ValueError("inputs: built for another net (" + "; ".join(diff)
+                             + "); build them with this net's inputs()")
 
     @property
     def fused_rollout(self) -> bool:
@@ -521,6 +539,7 @@ class DiffFluid:
         """
         if not self.fused_rollout:
             raise ValueError("advance_rollout: QAD only, with tau, tau_n > 0 and, on a GPU, compile=False")
+        self._check_inputs(inputs)
         inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
         s = self.state
         end, totals = split_rollout(QARollout.apply(s.x, s.w, s.aoi, send, inputs.msg_bytes, inputs.snr_lin,
@@ -532,12 +551,12 @@ class DiffFluid:
     def advance(self, send, inputs: StepInputs) -> dict:
         """``step`` on inputs from :meth:`inputs` (``send`` ``[E, R]`` in [0, 1]).
 
-        No checks: the loop of ``rollout``, where the inputs are checked once. If ``tau`` or
+        Checks only that ``inputs`` were built for a net like this one (sizes, mode, ``cfg``, dtype,
+        device): the loop of ``rollout``, where the inputs are checked once. If ``tau`` or
         ``tau_n`` changed since ``inputs`` was built, its temperature-dependent parts are
         recomputed for this step.
         """
-        if not isinstance(inputs, StepInputs):
-            raise TypeError(f"inputs: expected DiffFluid.inputs' StepInputs, got {type(inputs).__name__}")
+        self._check_inputs(inputs)
         inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
         self.state, kpis = fluid_step(self.state, send, inputs, cfg=self.cfg,
                                       mode=self.mode, tau=self.tau, tau_n=self.tau_n, compiled=self.compile,

@@ -11,7 +11,15 @@ Its gradients are those of a regression fit: only as good as the training distri
 ranges). So a proxy remembers what it was fitted on (``Proxy.fitted_on``: level, ``R``,
 ``T``, warm-up, the ``CellConfig`` as a dict; ``Proxy.ranges``) and its file stores it:
 ``predict`` refuses another ``R`` or ``CellConfig`` (ValueError) and warns once when an input
-leaves the training ranges. The predicted delivery ratio is a sigmoid, in [0, 1] by construction.
+leaves the training ranges.
+
+Every prediction respects its KPI's physical bounds by construction, at any input and any
+weights (:meth:`Proxy._decode`): the delivery ratio is a sigmoid, in [0, 1]; delay and energy
+are ``softplus`` heads, >= 0; the AoI is ``1 + softplus``, >= 1 (a message generated and
+delivered in one step has AoI 1). Format version 2 had affine delay, AoI and energy heads, which
+left those bounds (the last version-2 proxy of the full profile predicted energies < 0 for 0.58 %
+and AoIs < 1 for 0.34 % of robots drawn uniformly from its own ranges); version 3 files hold the
+new heads, and a version-2 file is refused with the advice to refit.
 
 Recipe::
 
@@ -37,7 +45,7 @@ from isaac_net.core.diff.reference import discrete_rollout
 
 #: Tag and version of the file :meth:`Proxy.save` writes; :meth:`Proxy.load` refuses others.
 FORMAT = "isaac_net.proxy"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: Sampling ranges of the per-robot inputs. ``p`` and ``snr_db`` uniform, ``msg_bytes``
 #: log-uniform.
@@ -56,9 +64,17 @@ INPUTS = ("p", "msg_bytes", "snr_db", "ctx_rate", "ctx_load_kb", "ctx_snr_db")
 #: delay (control steps), delivery ratio, mean AoI (control steps), energy per step (J).
 TARGETS = ("delay", "delivery", "aoi", "energy_j")
 
-#: Targets predicted through a sigmoid (within [0, 1] by construction); the others are affine
-#: in the network's output.
+#: Targets predicted through a sigmoid (within [0, 1] by construction).
 PROB_TARGETS = ("delivery",)
+
+#: The lower bound of each other target, predicted as ``floor + softplus`` (above it by construction):
+#: a delay (control steps) and an energy (J) are >= 0, an AoI (control steps) >= 1.
+FLOORS = {"delay": 0.0, "aoi": 1.0, "energy_j": 0.0}
+
+#: Sharpness of the softplus heads in units of the target's spread: ``softplus(beta (a - floor)) / beta``
+#: with ``a`` the affine head and ``beta = SOFTPLUS_SHARPNESS / y_std``, so a prediction more than a
+#: tenth of the spread above its floor is the affine head's (to 5e-5 of the spread).
+SOFTPLUS_SHARPNESS = 10.0
 
 #: The keys of ``Proxy.fitted_on`` (None where unknown: a proxy fitted on raw tensors).
 FITTED_ON_KEYS = ("level", "R", "T", "warmup", "cfg")
@@ -164,10 +180,12 @@ def _check_ranges(ranges: dict) -> None:
     if missing:
         raise ValueError(f"ranges: expected keys {list(RANGES)}, missing {missing}")
     for k in RANGES:
-        try:
-            lo, hi = (float(v) for v in ranges[k])
-        except (TypeError, ValueError):
-            raise ValueError(f"ranges[{k!r}]: expected (low, high) numbers, got {ranges[k]!r}") from None
+        pair = ranges[k]
+        numbers = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+        if not numbers:  # a string "4" or a bool is not a bound (float() would read it)
+            raise ValueError(f"ranges[{k!r}]: expected (low, high) numbers, got {pair!r}")
+        lo, hi = (float(v) for v in pair)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
             raise ValueError(f"ranges[{k!r}]: expected finite low <= high, got {ranges[k]}")
     if not (0.0 <= ranges["p"][0] and ranges["p"][1] <= 1.0):
@@ -210,14 +228,22 @@ class Proxy(nn.Module):
         self.register_buffer("y_mean", torch.zeros(len(TARGETS)))
         self.register_buffer("y_std", torch.ones(len(TARGETS)))
         self.register_buffer("is_prob", torch.tensor([k in PROB_TARGETS for k in TARGETS]), persistent=False)
+        self.register_buffer("floor", torch.tensor([FLOORS.get(k, 0.0) for k in TARGETS]), persistent=False)
 
     def _decode(self, h: torch.Tensor) -> torch.Tensor:
-        """Network outputs ``[..., len(TARGETS)]`` to KPIs: the affine heads ``h y_std + y_mean``, the
-        sigmoid heads ``sigmoid(logit(m) + h y_std / (m (1 - m)))``, ``m = y_mean``: in [0, 1], and
-        equal to the affine head to first order at ``h = 0`` (so both train alike)."""
+        """Network outputs ``[..., len(TARGETS)]`` to KPIs, each within its physical bounds for any ``h``.
+
+        The sigmoid heads (``PROB_TARGETS``): ``sigmoid(logit(m) + h y_std / (m (1 - m)))``,
+        ``m = y_mean``, in [0, 1] and equal to the affine head ``h y_std + y_mean`` to first order at
+        ``h = 0`` (so both train alike). The others: ``floor + softplus(beta (a - floor)) / beta``
+        with ``a`` the affine head and ``beta = SOFTPLUS_SHARPNESS / y_std``: above ``FLOORS`` (delay,
+        energy >= 0, AoI >= 1), and the affine head itself where it is well above the floor."""
         m = self.y_mean.clamp(1e-3, 1.0 - 1e-3)
         prob = torch.sigmoid(torch.logit(m) + h * (self.y_std / (m * (1.0 - m))))
-        return torch.where(self.is_prob, prob, h * self.y_std + self.y_mean)
+        affine = h * self.y_std + self.y_mean
+        beta = SOFTPLUS_SHARPNESS / self.y_std
+        above = self.floor + torch.nn.functional.softplus(beta * (affine - self.floor)) / beta
+        return torch.where(self.is_prob, prob, above)
 
     def forward(self, raw: torch.Tensor) -> torch.Tensor:
         """:input raw: ``[..., len(INPUTS)]`` raw inputs. :output: ``[..., len(TARGETS)]`` KPIs."""
@@ -287,6 +313,7 @@ class Proxy(nn.Module):
         torch.save({"format": FORMAT, "version": FORMAT_VERSION, "hidden": list(self.hidden),
                     "ranges": {k: list(v) for k, v in self.ranges.items()}, "fitted_on": dict(self.fitted_on),
                     "inputs": list(INPUTS), "targets": list(TARGETS), "prob_targets": list(PROB_TARGETS),
+                    "floors": dict(FLOORS),
                     "dtype": str(self.x_mean.dtype).removeprefix("torch."),
                     "state_dict": self.state_dict()}, path)
 
@@ -312,6 +339,12 @@ class Proxy(nn.Module):
         if blob.get("format") != FORMAT:
             raise ValueError(f"{path}: no proxy format tag {FORMAT!r} (a foreign file, or one from before "
                              "format version 2: refit and save it again)")
+        if blob.get("version") == 2:
+            raise ValueError(f"{path}: proxy format version 2, whose delay, AoI and energy heads are "
+                             "affine and can predict values out of their physical bounds (energy or delay "
+                             f"< 0, AoI < 1); this library reads version {FORMAT_VERSION} (softplus heads): "
+                             "refit the proxy (proxy.fit, or the pipeline's nn_proxy stage) and save it "
+                             "again")
         if blob.get("version") != FORMAT_VERSION:
             raise ValueError(f"{path}: proxy format version {blob.get('version')!r}, "
                              f"expected {FORMAT_VERSION}")
@@ -319,11 +352,11 @@ class Proxy(nn.Module):
                 or blob.get("prob_targets") != list(PROB_TARGETS)):
             raise ValueError(f"{path}: expected a proxy with inputs {list(INPUTS)} and targets "
                              f"{list(TARGETS)}, got {blob.get('inputs')} and {blob.get('targets')}")
-        missing = [k for k in ("hidden", "ranges", "fitted_on", "dtype", "state_dict") if k not in blob]
+        fields = ("hidden", "ranges", "fitted_on", "dtype", "state_dict", "floors")
+        missing = [k for k in fields if k not in blob]
         if missing:
             raise ValueError(f"{path}: a proxy file without {missing}")
-        if blob["dtype"] not in ("float32", "float64"):
-            raise ValueError(f"{path}: expected dtype float32 or float64, got {blob['dtype']!r}")
+        _check_blob(blob, path)
         try:
             proxy = cls(hidden=blob["hidden"], ranges=blob["ranges"], fitted_on=blob["fitted_on"])
             proxy = proxy.to(getattr(torch, blob["dtype"]))
@@ -334,6 +367,62 @@ class Proxy(nn.Module):
                              f"(hidden={blob['hidden']}): {type(e).__name__}: {reason}") from None
         proxy.check_fitted_on(level=level, R=R, cfg=cfg, what="load")
         return proxy.eval()
+
+
+def _check_blob(blob: dict, path) -> None:
+    """Every field of a proxy file of the right type and range: a ValueError or TypeError naming the
+    file and the field (before the proxy is built from them)."""
+    def bad(field, expected, got, kind=ValueError):
+        return kind(f"{path}: field {field}: expected {expected}, got {got!r}")
+
+    def integer(v, lo):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+    if blob["floors"] != FLOORS:
+        raise bad("floors", f"the softplus heads' floors {FLOORS}", blob["floors"])
+    if blob["dtype"] not in ("float32", "float64"):
+        raise bad("dtype", "'float32' or 'float64'", blob["dtype"])
+    hidden = blob["hidden"]
+    if not (isinstance(hidden, (list, tuple)) and hidden and all(integer(h, 1) for h in hidden)):
+        raise bad("hidden", "a non-empty list of layer widths (integers >= 1)", hidden,
+                  TypeError if not isinstance(hidden, (list, tuple)) else ValueError)
+    ranges = blob["ranges"]
+    if not isinstance(ranges, dict):
+        raise bad("ranges", f"a dict of (low, high) for {list(RANGES)} (the training ranges)", ranges,
+                  TypeError)
+    try:
+        _resolved_ranges(ranges)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{path}: field {e}") from None
+    on = blob["fitted_on"]
+    if not isinstance(on, dict):
+        raise bad("fitted_on", f"a dict with keys {list(FITTED_ON_KEYS)}", on, TypeError)
+    unknown = sorted(set(on) - set(FITTED_ON_KEYS))
+    if unknown:
+        raise bad("fitted_on", f"keys among {list(FITTED_ON_KEYS)}", unknown)
+    checks = {"level": (lambda v: isinstance(v, str), "a level name (a string)"),
+              "R": (lambda v: integer(v, 1), "an integer >= 1 (robots per cell)"),
+              "T": (lambda v: integer(v, 1), "an integer >= 1 (control steps)"),
+              "warmup": (lambda v: integer(v, 0), "an integer >= 0 (control steps)"),
+              "cfg": (lambda v: isinstance(v, dict), "a CellConfig as a dict")}
+    for k, (ok, what) in checks.items():
+        v = on.get(k)
+        if v is not None and not ok(v):
+            raise bad(f"fitted_on[{k!r}]", f"{what} or None", v, TypeError)
+    if on.get("cfg") is not None:
+        try:
+            CellConfig(**on["cfg"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: field fitted_on['cfg']: not a valid CellConfig: {e}") from None
+    sd = blob["state_dict"]
+    if not (isinstance(sd, dict) and all(isinstance(v, torch.Tensor) for v in sd.values())):
+        raise bad("state_dict", "a dict of tensors (Proxy.state_dict())", type(sd).__name__, TypeError)
+    for k, v in sd.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise bad(f"state_dict[{k!r}]", "finite weights", "NaN or inf values")
+    for k in ("x_std", "y_std"):
+        if k in sd and not bool((sd[k] > 0).all()):
+            raise bad(f"state_dict[{k!r}]", "spreads > 0", sd[k].tolist())
 
 
 def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300, lr: float = 3e-3,
