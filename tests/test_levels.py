@@ -255,7 +255,8 @@ def test_cuda_matches_cpu():
 
 
 def test_backend_choices():
-    with pytest.raises(ValueError, match="unknown backend 'jit'; expected one of: eager, compiled, cuda_graph"):
+    with pytest.raises(ValueError, match="unknown backend 'jit'; expected one of: eager, compiled, "
+                                         "cuda_graph"):
         make_engine("L1", 1, 1, backend="jit")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         make_engine("L1", 1, 1, backend="cuda_graph")
