@@ -6,7 +6,7 @@
 #                                                            # --configfile takes several files)
 from snakemake.utils import min_version
 
-min_version("8.0")
+min_version("9.0")
 
 
 configfile: "config/config.yaml"
@@ -38,6 +38,7 @@ rule all:
         PAGE,
         TRACE,
         *ARTIFACTS.values(),
+        *ALL_TABLES,
 
 
 # The target: the page and every artifact it renders. A rule without output or action, so
@@ -48,6 +49,7 @@ rule report:
         page=PAGE,
         trace=TRACE,
         **ARTIFACTS,
+        tables=ALL_TABLES,
 
 
 rule page:

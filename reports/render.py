@@ -555,6 +555,21 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
     return text
 
 
+def _record_inputs(smk) -> None:
+    """The hashes of what the page was rendered from, in its trace (``inputs``), as every artifact
+    records them in its provenance: ``workflow/scripts/restore.py`` marks the page up to date
+    on a fresh clone where they match (benchmarks/diff/_hashes.py)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    from _hashes import record, seal
+
+    trace = Path(smk.output.trace)
+    doc = json.loads(trace.read_text())
+    rec = doc["inputs"] = record(list(smk.input), dict(smk.params.items()), Path(__file__),
+                                 outputs=[smk.output.page, smk.output.figures])
+    seal(doc, rec)
+    trace.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
 def _main_snakemake(smk) -> None:
     with open(smk.log[0], "w") as log:
         sys.stderr = sys.stdout = log
@@ -564,6 +579,7 @@ def _main_snakemake(smk) -> None:
             raise ValueError(f"the report rule lacks the artifact input(s) {missing}")
         build(paths, dict(smk.params.pending), smk.params.profile, smk.output.page, smk.output.figures,
               smk.output.trace)
+        _record_inputs(smk)
         print(f"wrote {smk.output.page} and {smk.output.trace}")
 
 

@@ -64,6 +64,7 @@ rule calibrate:
         sweep=calibration_targets("sweep"),
     output:
         json=report(ARTIFACTS["calibration"], caption="../report/calibration.rst", category="calibration"),
+        **TABLES["calibration"],
         figure=report(f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"),
     params:
         **stage_params("calibrate"),

@@ -76,7 +76,7 @@ PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.y
 
 # A changed model reruns every stage: the library's sources are an input of each.
 LIBRARY = sorted(glob.glob("isaac_net/**/*.py", recursive=True))
-HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
+HELPERS = [f"benchmarks/diff/{m}.py" for m in ("_common", "_plots", "_hashes", "_tables")]
 
 # Artifacts the report renders, by name, from the one stage registry (workflow/stages.yaml, which
 # reports/render.py reads too). Every artifact is an input of the page and of the `report`
@@ -84,6 +84,15 @@ HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
 STAGES = yaml.safe_load(open(workflow.source_path("../stages.yaml")))["stages"]
 ARTIFACTS = {name: f"{RESULTS}/{name}.json" for name in STAGES}
 TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
+# Each artifact's tidy tables as CSV beside it (benchmarks/diff/_tables.py): outputs of its rule
+# (``csv``, ``csv_<table>``) and inputs of the report target, so a missing one is rebuilt.
+TABLE_EXTRA = {"sensitivity": ["agreement"]}
+TABLES = {
+    name: {"csv": f"{RESULTS}/{name}.csv",
+           **{f"csv_{t}": f"{RESULTS}/{name}_{t}.csv" for t in TABLE_EXTRA.get(name, [])}}
+    for name in STAGES
+}
+ALL_TABLES = [path for table in TABLES.values() for path in table.values()]
 PENDING_COMMANDS = {
     name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()
 }

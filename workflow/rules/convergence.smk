@@ -4,6 +4,7 @@ rule convergence_table:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["convergence"], caption="../report/convergence.rst", category="convergence"),
+        **TABLES["convergence"],
     params:
         **stage_params("convergence", drop=["curves"]),
         part="table",
@@ -25,6 +26,7 @@ rule convergence_curves:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["convergence_curves"], caption="../report/convergence_curves.rst", category="convergence_curves"),
+        **TABLES["convergence_curves"],
         figure=report(f"{RESULTS}/convergence_curves.png", caption="../report/convergence_curves.rst", category="convergence_curves"),
     params:
         **stage_params("convergence", drop=["table", "default_tau"]),

@@ -4,6 +4,7 @@ rule cost:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["cost"], caption="../report/cost.rst", category="cost"),
+        **TABLES["cost"],
     params:
         **stage_params("cost"),
     log:

@@ -4,6 +4,7 @@ rule equivalence:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["equivalence"], caption="../report/equivalence.rst", category="equivalence"),
+        **TABLES["equivalence"],
     params:
         **stage_params("equivalence"),
     log:

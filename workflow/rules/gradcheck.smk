@@ -4,6 +4,7 @@ rule gradcheck:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["gradcheck"], caption="../report/gradcheck.rst", category="gradcheck"),
+        **TABLES["gradcheck"],
     params:
         **stage_params("gradcheck", drop=["fd"]),
         part="gradcheck",
@@ -25,6 +26,7 @@ rule fd_check:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["fd_check"], caption="../report/fd_check.rst", category="fd_check"),
+        **TABLES["fd_check"],
         figure=report(f"{RESULTS}/fd_check.png", caption="../report/fd_check.rst", category="fd_check"),
     params:
         **stage_params("gradcheck", drop=["small"]),

@@ -37,6 +37,7 @@ rule sensitivity:
         parts=expand(f"{RESULTS}/sensitivity/op_{{op}}.json", op=SENSITIVITY_OPS),
     output:
         json=report(ARTIFACTS["sensitivity"], caption="../report/sensitivity.rst", category="sensitivity"),
+        **TABLES["sensitivity"],
         figure=report(f"{RESULTS}/sensitivity.png", caption="../report/sensitivity.rst", category="sensitivity"),
     params:
         **stage_params("sensitivity"),
@@ -62,6 +63,7 @@ rule opt_rates:
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
         json=report(ARTIFACTS["opt_rates"], caption="../report/opt_rates.rst", category="opt_rates"),
+        **TABLES["opt_rates"],
         figure=report(f"{RESULTS}/opt_rates.png", caption="../report/opt_rates.rst", category="opt_rates"),
     params:
         **stage_params("opt_rates"),
@@ -86,6 +88,7 @@ rule placement:
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
         json=report(ARTIFACTS["placement"], caption="../report/placement.rst", category="placement"),
+        **TABLES["placement"],
         figure=report(f"{RESULTS}/placement.png", caption="../report/placement.rst", category="placement"),
     params:
         **stage_params("placement"),
@@ -107,6 +110,7 @@ rule nn_proxy:
         helpers=HELPERS,
     output:
         json=report(ARTIFACTS["nn_proxy"], caption="../report/nn_proxy.rst", category="nn_proxy"),
+        **TABLES["nn_proxy"],
         figure=report(f"{RESULTS}/nn_proxy.png", caption="../report/nn_proxy.rst", category="nn_proxy"),
         model=f"{RESULTS}/nn_proxy.pt",
     params:
