@@ -52,8 +52,9 @@ def imported_sources(root: Path = REPO) -> set[str]:
     """The repository's Python files this process imported (stage helpers, the library)."""
     out = set()
     for module in list(sys.modules.values()):
-        f = getattr(module, "__file__", None)
-        if f and f.endswith(".py") and (rel := relative(f, root)) is not None:
+        f = getattr(module, "__file__", None)  # absolute for a file (torch names some modules '_x.py')
+        if f and f.endswith(".py") and Path(f).is_absolute() and Path(f).is_file() \
+                and (rel := relative(f, root)) is not None:
             out.add(rel)
     return out
 
