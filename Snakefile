@@ -46,9 +46,9 @@ rule all:
 # an output, like page, is only rerun when its output is older or missing).
 rule report:
     input:
+        **ARTIFACTS,
         page=PAGE,
         trace=TRACE,
-        **ARTIFACTS,
         tables=ALL_TABLES,
 
 

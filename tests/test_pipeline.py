@@ -765,8 +765,8 @@ def test_lint_is_clean(tmp_path):
 def test_python_sources_pass_ruff():
     """``make lint``'s Python half: the library, the tests, the stage scripts and the renderer."""
     ruff = Path(sys.executable).with_name("ruff")  # a dev dependency, installed beside pytest
-    proc = subprocess.run([str(ruff), "check", "isaac_net", "tests", "benchmarks", "reports"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(ruff), "check", "isaac_net", "tests", "benchmarks", "reports",
+                           "workflow/scripts"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -1120,3 +1120,83 @@ def test_restore_leaves_a_corrupted_or_unhashed_artifact_stale(ci_run, tmp_path)
     assert "equivalence.json differs from the one its run wrote" in out
     assert "no input hashes recorded" in out
     assert planned(wf) == {"equivalence", "cost", "page", "report"}
+
+
+# ------------------------------------------------------------------------------ catalog conventions, tables
+sys.path.insert(0, str(REPO / "workflow" / "scripts"))
+import config_doc  # noqa: E402
+
+
+def test_config_readme_is_generated_from_the_schema():
+    """config/README.md documents every key of the config schema, with the schema's descriptions."""
+    text, missing = config_doc.render()
+    assert missing == [], f"keys without a description in the schema: {missing}"
+    assert (REPO / "config/README.md").read_text() == text, \
+        "config/README.md is out of date: python workflow/scripts/config_doc.py > config/README.md"
+    full = yaml.safe_load((REPO / PROFILES["full"]).read_text())
+
+    def keys(node, path=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and k != "cases" and k != "L1D_fwd_bwd":
+                yield from keys(v, f"{path}{k}.")
+            else:
+                yield f"{path}{k}"
+    documented = set(re.findall(r"^\| `([^`]+)`", text, flags=re.M))
+    assert [k for k in keys(full) if k not in documented and not k.split(".")[-2:-1] == ["cell"]] == []
+
+
+def test_workflow_catalog_file_names_the_target_and_the_report():
+    usage = yaml.safe_load((REPO / ".snakemake-workflow-catalog.yml").read_text())["usage"]
+    assert usage["mandatory-flags"]["flags"] == "report" and usage["report"] is True
+    assert usage["software-stack-deployment"]["conda"] is True
+
+
+def test_rules_pass_snakefmt():
+    snakefmt = Path(sys.executable).with_name("snakefmt")
+    if not snakefmt.exists():
+        pytest.skip("snakefmt is not installed (a dev dependency)")
+    proc = subprocess.run([str(snakefmt), "--check", "Snakefile", "workflow/rules/"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_artifact_has_a_tidy_table_with_unit_named_columns():
+    import _tables
+
+    arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES} | {
+        "calibration": calibration_artifact()}
+    for name, data in arts.items():
+        frames = _tables.tables(name, json.loads(json.dumps(data)))
+        assert len(frames[""]) > 0, name
+        for df in frames.values():  # one value per cell
+            assert not df.map(lambda v: isinstance(v, (list, dict))).any().any(), name
+    assert "mean_delay_steps" in _tables.tables("convergence", arts["convergence"])[""].columns
+    curves = _tables.tables("convergence_curves", arts["convergence_curves"])[""]
+    assert {"mode", "load", "tau", "relaxed_mean_delay_steps"} <= set(curves.columns)
+    assert len(curves) == sum(len(c["taus"]) for c in arts["convergence_curves"]["curves"])
+    fd = _tables.tables("fd_check", arts["fd_check"])[""]
+    assert len(fd) == len(arts["fd_check"]["rows"]) * len(arts["fd_check"]["steps"])
+
+
+def test_a_stage_writes_its_csv_beside_its_json(tmp_path):
+    """Stage.write_json writes the rule's csv outputs from the artifact, and seals the JSON."""
+    import _common
+    import pandas as pd
+
+    arts = {name: study_artifact(name) for name in STUDIES}
+    out = {"json": str(tmp_path / "sensitivity.json"), "csv": str(tmp_path / "sensitivity.csv"),
+           "csv_agreement": str(tmp_path / "sensitivity_agreement.csv")}
+    stage = _common.Stage("sensitivity", {"seed": 0}, "fixture", 1)
+    stage.outputs = out
+    stage.job = {"inputs": [], "params": {"stage": {"seed": 0}}, "script": None}
+    with stage:
+        payload = {k: v for k, v in arts["sensitivity"].items() if k != "provenance"}
+        stage.write_json(out["json"], payload)
+    rows = pd.read_csv(out["csv"])
+    agreement = pd.read_csv(out["csv_agreement"])
+    assert {"op", "derivative", "model", "ratio"} <= set(rows.columns)
+    assert {"model", "points", "resolved_rows", "sign_ok_frac", "median_ratio"} <= set(agreement.columns)
+    data = json.loads(Path(out["json"]).read_text())
+    rec = data["provenance"]["inputs"]
+    assert "benchmarks/diff/_tables.py" in rec["files"]  # the modules the stage imported
+    assert _hashes.sealed(data, rec)

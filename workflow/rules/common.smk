@@ -42,8 +42,10 @@ def _cross_field_errors(node, where=()):
         here = _SLASH.join(where) or "(top level)"
         for w, t in (("warmup", "T"), ("warmup_eval", "T_eval")):
             if isinstance(node.get(w), int) and isinstance(node.get(t), int) and node[w] >= node[t]:
-                errors.append(f"{here}/{w} = {node[w]} must be less than {here}/{t} = {node[t]} "
-                              "(no step would be counted)")
+                errors.append(
+                    f"{here}/{w} = {node[w]} must be less than {here}/{t} = {node[t]} "
+                    "(no step would be counted)"
+                )
         if where and where[-1] == "cell":
             k = node.get("num_slots", _DEFAULT_NUM_SLOTS)
             for name in ("qa_sr_slots", "l1_sr_slots"):
@@ -61,8 +63,10 @@ def _cross_field_errors(node, where=()):
 _errors = _cross_field_errors(config)
 _conv = config["convergence"]
 if _conv["default_tau"] not in _conv["table"]["taus"]:
-    _errors.append(f"convergence/default_tau = {_conv['default_tau']} is not one of convergence/table/taus = "
-                   f"{_conv['table']['taus']}")
+    _errors.append(
+        f"convergence/default_tau = {_conv['default_tau']} is not one of convergence/table/taus = "
+        f"{_conv['table']['taus']}"
+    )
 if _errors:
     raise ValueError("config: " + "; ".join(_errors))
 
@@ -88,14 +92,14 @@ TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
 # (``csv``, ``csv_<table>``) and inputs of the report target, so a missing one is rebuilt.
 TABLE_EXTRA = {"sensitivity": ["agreement"]}
 TABLES = {
-    name: {"csv": f"{RESULTS}/{name}.csv",
-           **{f"csv_{t}": f"{RESULTS}/{name}_{t}.csv" for t in TABLE_EXTRA.get(name, [])}}
+    name: {
+        "csv": f"{RESULTS}/{name}.csv",
+        **{f"csv_{t}": f"{RESULTS}/{name}_{t}.csv" for t in TABLE_EXTRA.get(name, [])},
+    }
     for name in STAGES
 }
 ALL_TABLES = [path for table in TABLES.values() for path in table.values()]
-PENDING_COMMANDS = {
-    name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()
-}
+PENDING_COMMANDS = {name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()}
 
 
 # Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
@@ -103,8 +107,16 @@ PENDING_COMMANDS = {
 # longest single job) reads, then the other studies; the cost stage, which reserves every core it
 # sweeps, last: on 2 cores it then runs alone (its timings undisturbed) instead of holding back
 # the studies while the one-core jobs wait for a second free core.
-PRIORITY = {"calibrate": 100, "nn_proxy": 100, "opt_rates": 90, "placement": 80, "sensitivity": 70,
-            "checks": 10, "cost": 0}
+PRIORITY = {
+    "calibrate": 100,
+    "nn_proxy": 100,
+    "opt_rates": 90,
+    "placement": 80,
+    "sensitivity": 70,
+    "checks": 10,
+    "cost": 0,
+}
+
 
 def stage_params(name, drop=()):
     """The params of a stage's rule, passed to its script. The stage's config less the parts named in

@@ -3,8 +3,8 @@ rule cost:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=report(ARTIFACTS["cost"], caption="../report/cost.rst", category="cost"),
         **TABLES["cost"],
+        json=report(ARTIFACTS["cost"], caption="../report/cost.rst", category="cost"),
     params:
         **stage_params("cost"),
     log:

@@ -3,8 +3,8 @@ rule equivalence:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=report(ARTIFACTS["equivalence"], caption="../report/equivalence.rst", category="equivalence"),
         **TABLES["equivalence"],
+        json=report(ARTIFACTS["equivalence"], caption="../report/equivalence.rst", category="equivalence"),
     params:
         **stage_params("equivalence"),
     log:

@@ -3,8 +3,8 @@ rule gradcheck:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=report(ARTIFACTS["gradcheck"], caption="../report/gradcheck.rst", category="gradcheck"),
         **TABLES["gradcheck"],
+        json=report(ARTIFACTS["gradcheck"], caption="../report/gradcheck.rst", category="gradcheck"),
     params:
         **stage_params("gradcheck", drop=["fd"]),
         part="gradcheck",
@@ -25,8 +25,8 @@ rule fd_check:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=report(ARTIFACTS["fd_check"], caption="../report/fd_check.rst", category="fd_check"),
         **TABLES["fd_check"],
+        json=report(ARTIFACTS["fd_check"], caption="../report/fd_check.rst", category="fd_check"),
         figure=report(f"{RESULTS}/fd_check.png", caption="../report/fd_check.rst", category="fd_check"),
     params:
         **stage_params("gradcheck", drop=["small"]),
