@@ -140,10 +140,12 @@ def restore(configfiles=(), targets=("report",), dry_run: bool = False, log=prin
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configfile", action="append", default=[], help="a profile, as for snakemake")
+    ap.add_argument("--configfile", action="append", default=[],
+                    help="a profile, as for snakemake (relative to the repository)")
     ap.add_argument("--target", action="append", default=None, help="snakemake target (default: report)")
     ap.add_argument("--dry-run", "-n", action="store_true", help="report, change nothing")
     a = ap.parse_args(argv)
+    os.chdir(REPO)  # Snakemake's working directory: the repository (config files relative to it)
     result = restore(a.configfile, tuple(a.target or ["report"]), a.dry_run)
     current = sum(not why for why in result.values())
     print(f"restore: {current} of {len(result)} outputs up to date by their hashes, "
