@@ -6,7 +6,7 @@
 #                                                            # --configfile takes several files)
 from snakemake.utils import min_version
 
-min_version("8.0")
+min_version("9.0")
 
 
 configfile: "config/config.yaml"
@@ -47,6 +47,7 @@ rule all:
         *ARTIFACTS.values(),
         *STAGE_OUTPUTS,
         *PAGE_FIGURES,
+        *ALL_TABLES,
 
 
 # The target: the page, every artifact it renders, every other file a stage declares and the
@@ -56,11 +57,12 @@ rule all:
 # figure that no target names would stay deleted).
 rule report:
     input:
+        **ARTIFACTS,
         page=PAGE,
         trace=TRACE,
-        **ARTIFACTS,
         outputs=STAGE_OUTPUTS,
         figures=PAGE_FIGURES,
+        tables=ALL_TABLES,
 
 
 rule page:

@@ -606,6 +606,26 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
     return text
 
 
+def _as_list(x) -> list:
+    """A Snakemake named input or output (one path, several, or None) as a list."""
+    return [] if x is None else [x] if isinstance(x, str) else list(x)
+
+
+def _record_inputs(smk) -> None:
+    """The hashes of what the page was rendered from, in its trace (``inputs``), as every artifact
+    records them in its provenance: ``workflow/scripts/restore.py`` marks the page up to date
+    on a fresh clone where they match (benchmarks/diff/_hashes.py)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    from _hashes import record, seal
+
+    trace = Path(smk.output.trace)
+    doc = json.loads(trace.read_text())
+    rec = doc["inputs"] = record(list(smk.input), dict(smk.params.items()), Path(__file__),
+                                 outputs=[smk.output.page, *_as_list(smk.output.get("figures"))])
+    seal(doc, rec)
+    trace.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
 def _main_snakemake(smk) -> None:
     """The page rule: output and errors go to the rule's log, which Snakemake names when the job
     fails; an error (the file and the reason) is written there before the log is closed, and raised
@@ -620,11 +640,11 @@ def _main_snakemake(smk) -> None:
                 if missing:
                     raise ValueError(f"the report rule lacks the artifact input(s) {missing}")
                 # The figures' copies are outputs of their own (a deleted one is rebuilt): their folder.
-                figures = smk.output.get("figures") or []
-                figures = [figures] if isinstance(figures, str) else list(figures)
+                figures = _as_list(smk.output.get("figures"))
                 figures_dir = Path(figures[0]).parent if figures else Path(smk.output.page).parent / "figures"
                 build(paths, dict(smk.params.pending), smk.params.profile, smk.output.page, figures_dir,
                       smk.output.trace)
+                _record_inputs(smk)
                 print(f"wrote {smk.output.page} and {smk.output.trace}")
         except Exception as err:
             traceback.print_exc(file=log)

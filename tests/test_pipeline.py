@@ -691,7 +691,10 @@ def test_reduced_profiles_are_deltas(profile):
 
 # ------------------------------------------------------------------------------ snakemake
 STUB = '''import json
+import sys
 from pathlib import Path
+sys.path.insert(0, "benchmarks/diff")
+from _hashes import record, seal
 for path in snakemake.output:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if path.endswith(".json"):
@@ -699,6 +702,9 @@ for path in snakemake.output:
         data = json.loads(fixture.read_text()) if fixture.exists() else json.loads(
             (Path("fixtures") / "_generic.json").read_text())
         data["provenance"]["profile"] = snakemake.params.profile
+        rec = data["provenance"]["inputs"] = record(list(snakemake.input), dict(snakemake.params.items()),
+                                                    __file__)
+        seal(data, rec)
         Path(path).write_text(json.dumps(data))
     else:
         Path(path).write_bytes(b"stub")
@@ -708,9 +714,10 @@ Path(snakemake.log[0]).write_text(json.dumps(snakemake.params.stage) + "\\n")
 
 
 def workflow_copy(dest: Path, *, stubs: bool) -> Path:
-    """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures."""
+    """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures (and record
+    the hashes of what they read, with the real ``_hashes.py``)."""
     for rel in ("Snakefile", "environment.yml", "workflow/stages.yaml", "workflow/rules", "workflow/schemas",
-                "workflow/report", "config", "reports", "isaac_net"):
+                "workflow/report", "workflow/scripts", "config", "reports", "isaac_net"):
         src = REPO / rel
         if not src.exists():
             continue
@@ -721,7 +728,8 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
             shutil.copyfile(src, dest / rel)
     (dest / "benchmarks/diff").mkdir(parents=True)
     for f in (REPO / "benchmarks/diff").glob("*.py"):
-        (dest / "benchmarks/diff" / f.name).write_text(STUB if stubs else f.read_text())
+        stub = stubs and f.name != "_hashes.py"
+        (dest / "benchmarks/diff" / f.name).write_text(STUB if stub else f.read_text())
     if stubs:
         arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES} | {
             "calibration": calibration_artifact()}
@@ -772,8 +780,8 @@ def test_lint_is_clean(tmp_path):
 def test_python_sources_pass_ruff():
     """``make lint``'s Python half: the library, the tests, the stage scripts and the renderer."""
     ruff = Path(sys.executable).with_name("ruff")  # a dev dependency, installed beside pytest
-    proc = subprocess.run([str(ruff), "check", "isaac_net", "tests", "benchmarks", "reports"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(ruff), "check", "isaac_net", "tests", "benchmarks", "reports",
+                           "workflow/scripts"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -1096,3 +1104,209 @@ def test_snakemake_html_report_has_the_page_figures_and_captions(tmp_path):
         assert f"{name}.json" in html
     assert "The JSON artifact holds the numbers and their provenance" in html
     assert "checks_and_measurements.md" in html and "config/ci.yaml" in html
+
+
+# ------------------------------------------------------------------------------ restore (fresh clone)
+sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+import _hashes  # noqa: E402
+
+CI = ("--configfile", "config/ci.yaml")
+RESTORE = ("workflow/scripts/restore.py", *CI)
+
+
+def test_hash_record_matches_until_a_source_param_or_output_changes(tmp_path):
+    """The record an artifact keeps of what it was computed from, against a synthetic checkout."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib/model.py").write_text("x = 1\n")
+    (tmp_path / "stage.py").write_text("print(1)\n")
+    (tmp_path / "fig.png").write_bytes(b"png")
+    params = {"stage": {"tau": 0.05, "cases": {"a": [1, 2]}}, "profile": "ci", "part": "fd"}
+    inputs = ["lib/model.py"]
+    rec = _hashes.record(inputs, params, tmp_path / "stage.py", outputs=["fig.png"], root=tmp_path)
+    assert set(rec["files"]) == {"lib/model.py", "stage.py"} and set(rec["outputs"]) == {"fig.png"}
+    assert _hashes.mismatches(rec, inputs, params, "stage.py", tmp_path) == []
+    # Key order of the params does not matter; a value does.
+    assert _hashes.mismatches(rec, inputs, {"part": "fd", "profile": "ci", "stage": params["stage"]},
+                              "stage.py", tmp_path) == []
+    changed = copy.deepcopy(params)
+    changed["stage"]["tau"] = 0.1
+    assert _hashes.mismatches(rec, inputs, changed, "stage.py", tmp_path) == ["params changed"]
+    (tmp_path / "lib/new.py").write_text("y = 2\n")
+    assert _hashes.mismatches(rec, [*inputs, "lib/new.py"], params, "stage.py",
+                              tmp_path) == ["lib/new.py is new"]
+    (tmp_path / "lib/model.py").write_text("x = 2\n")
+    assert _hashes.mismatches(rec, inputs, params, "stage.py", tmp_path) == ["lib/model.py changed"]
+    (tmp_path / "lib/model.py").write_text("x = 1\n")
+    (tmp_path / "fig.png").write_bytes(b"edited")
+    assert "output fig.png differs" in _hashes.mismatches(rec, inputs, params, "stage.py", tmp_path)[0]
+    assert _hashes.mismatches(None, inputs, params, "stage.py", tmp_path) == ["no input hashes recorded"]
+    # The artifact itself: sealed as written, not after an edit.
+    doc = {"summary": {"x": 1.5}, "provenance": {"inputs": rec}}
+    _hashes.seal(doc, rec)
+    loaded = json.loads(json.dumps(doc, indent=1))
+    assert _hashes.sealed(loaded, loaded["provenance"]["inputs"])
+    doc["summary"]["x"] = 1.6
+    assert not _hashes.sealed(doc, rec)
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    """A (stubbed) ci run whose artifacts record their input hashes."""
+    wf = workflow_copy(tmp_path_factory.mktemp("ci_run"), stubs=True)
+    snakemake(wf, "report", "--cores", "2", *CI)
+    return wf
+
+
+def fresh_clone(run: Path, dest: Path) -> Path:
+    """``run`` as a fresh clone has it: no Snakemake metadata, logs or benchmark files, and every
+    file dated by the checkout (sources last, as git may write them)."""
+    shutil.copytree(run, dest, ignore=shutil.ignore_patterns(".snakemake", "logs", "bench"))
+    now = time.time()
+    for f in (p for p in dest.rglob("*") if p.is_file()):
+        t = now - (5 if f.suffix == ".py" else 10)
+        os.utime(f, (t, t))
+    return dest
+
+
+def restore(wf: Path) -> str:
+    proc = subprocess.run([sys.executable, *RESTORE], cwd=wf, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def planned(wf: Path, *args: str) -> set[str]:
+    out = snakemake(wf, "-n", "report", "--cores", "1", *CI, *args)
+    return set() if "Nothing to be done" in out else set(job_counts(out))
+
+
+@pytest.mark.slow
+def test_restore_marks_a_fresh_clone_current_from_its_hashes(ci_run, tmp_path):
+    wf = fresh_clone(ci_run, tmp_path / "clone")
+    assert STAGE_JOBS <= planned(wf)  # git's file times: every stage looks out of date
+    out = restore(wf)
+    assert "0 left to rerun" in out, out
+    assert planned(wf) == set()
+    # With the metadata restore wrote, the default triggers and mtime alone agree.
+    assert planned(wf, "--rerun-triggers", "mtime") == set()
+
+
+@pytest.mark.slow
+def test_restore_after_a_changed_param_reruns_that_stage_and_the_page(ci_run, tmp_path):
+    wf = fresh_clone(ci_run, tmp_path / "clone")
+    restore(wf)
+    cfg_path = wf / "config/ci.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["gradcheck"]["tau"] = 0.07  # the gradcheck section's: gradcheck and fd_check read it
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    expected = {"gradcheck", "fd_check", "page", "report"}
+    assert planned(wf) == expected  # Snakemake's params trigger, from the metadata restore wrote
+    out = restore(wf)  # a second restore agrees, and dates them stale (mtime alone sees it too)
+    assert "stale   gradcheck" in out and "params changed" in out
+    assert planned(wf) == expected
+    assert planned(wf, "--rerun-triggers", "mtime") == expected
+
+
+@pytest.mark.slow
+def test_restore_after_a_changed_library_source_reruns_every_stage(ci_run, tmp_path):
+    wf = fresh_clone(ci_run, tmp_path / "clone")
+    src = wf / "isaac_net/core/radio.py"
+    src.write_text(src.read_text() + "\n# changed\n")
+    out = restore(wf)
+    assert "isaac_net/core/radio.py changed" in out
+    assert STAGE_JOBS | {"page", "report"} <= planned(wf, "--rerun-triggers", "mtime")
+
+
+@pytest.mark.slow
+def test_restore_leaves_a_corrupted_or_unhashed_artifact_stale(ci_run, tmp_path):
+    wf = fresh_clone(ci_run, tmp_path / "clone")
+    results = wf / "benchmarks/diff/results/ci"
+    eq = results / "equivalence.json"
+    eq.write_text(eq.read_text().replace('"max_rel_delay_sum": 3.3e-16', '"max_rel_delay_sum": 3.4e-16', 1))
+    cost = results / "cost.json"  # as the committed full artifacts before this record existed
+    data = json.loads(cost.read_text())
+    del data["provenance"]["inputs"]
+    cost.write_text(json.dumps(data))
+    out = restore(wf)
+    assert "equivalence.json differs from the one its run wrote" in out
+    assert "no input hashes recorded" in out
+    assert planned(wf) == {"equivalence", "cost", "page", "report"}
+
+
+# ------------------------------------------------------------------------------ catalog conventions, tables
+sys.path.insert(0, str(REPO / "workflow" / "scripts"))
+import config_doc  # noqa: E402
+
+
+def test_config_readme_is_generated_from_the_schema():
+    """config/README.md documents every key of the config schema, with the schema's descriptions."""
+    text, missing = config_doc.render()
+    assert missing == [], f"keys without a description in the schema: {missing}"
+    assert (REPO / "config/README.md").read_text() == text, \
+        "config/README.md is out of date: python workflow/scripts/config_doc.py > config/README.md"
+    full = yaml.safe_load((REPO / PROFILES["full"]).read_text())
+
+    def keys(node, path=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and k != "cases" and k != "L1D_fwd_bwd":
+                yield from keys(v, f"{path}{k}.")
+            else:
+                yield f"{path}{k}"
+    documented = set(re.findall(r"^\| `([^`]+)`", text, flags=re.M))
+    assert [k for k in keys(full) if k not in documented and not k.split(".")[-2:-1] == ["cell"]] == []
+
+
+def test_workflow_catalog_file_names_the_target_and_the_report():
+    usage = yaml.safe_load((REPO / ".snakemake-workflow-catalog.yml").read_text())["usage"]
+    assert usage["mandatory-flags"]["flags"] == "report" and usage["report"] is True
+    assert usage["software-stack-deployment"]["conda"] is True
+
+
+def test_rules_pass_snakefmt():
+    snakefmt = Path(sys.executable).with_name("snakefmt")
+    if not snakefmt.exists():
+        pytest.skip("snakefmt is not installed (a dev dependency)")
+    proc = subprocess.run([str(snakefmt), "--check", "Snakefile", "workflow/rules/"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_artifact_has_a_tidy_table_with_unit_named_columns():
+    import _tables
+
+    arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES} | {
+        "calibration": calibration_artifact()}
+    for name, data in arts.items():
+        frames = _tables.tables(name, json.loads(json.dumps(data)))
+        assert len(frames[""]) > 0, name
+        for df in frames.values():  # one value per cell
+            assert not df.map(lambda v: isinstance(v, (list, dict))).any().any(), name
+    assert "mean_delay_steps" in _tables.tables("convergence", arts["convergence"])[""].columns
+    curves = _tables.tables("convergence_curves", arts["convergence_curves"])[""]
+    assert {"mode", "load", "tau", "relaxed_mean_delay_steps"} <= set(curves.columns)
+    assert len(curves) == sum(len(c["taus"]) for c in arts["convergence_curves"]["curves"])
+    fd = _tables.tables("fd_check", arts["fd_check"])[""]
+    assert len(fd) == len(arts["fd_check"]["rows"]) * len(arts["fd_check"]["steps"])
+
+
+def test_a_stage_writes_its_csv_beside_its_json(tmp_path):
+    """Stage.write_json writes the rule's csv outputs from the artifact, and seals the JSON."""
+    import _common
+    import pandas as pd
+
+    arts = {name: study_artifact(name) for name in STUDIES}
+    out = {"json": str(tmp_path / "sensitivity.json"), "csv": str(tmp_path / "sensitivity.csv"),
+           "csv_agreement": str(tmp_path / "sensitivity_agreement.csv")}
+    stage = _common.Stage("sensitivity", {"seed": 0}, "fixture", 1)
+    stage.outputs = out
+    stage.job = {"inputs": [], "params": {"stage": {"seed": 0}}, "script": None}
+    with stage:
+        payload = {k: v for k, v in arts["sensitivity"].items() if k != "provenance"}
+        stage.write_json(out["json"], payload)
+    rows = pd.read_csv(out["csv"])
+    agreement = pd.read_csv(out["csv_agreement"])
+    assert {"op", "derivative", "model", "ratio"} <= set(rows.columns)
+    assert {"model", "points", "resolved_rows", "sign_ok_frac", "median_ratio"} <= set(agreement.columns)
+    data = json.loads(Path(out["json"]).read_text())
+    rec = data["provenance"]["inputs"]
+    assert "benchmarks/diff/_tables.py" in rec["files"]  # the modules the stage imported
+    assert _hashes.sealed(data, rec)

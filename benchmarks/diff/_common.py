@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 import torch
+from _hashes import record, seal
 
 from isaac_net.core.diff.calibrate import KPIS  # noqa: F401 (the per-env KPI means, every table's order)
 
@@ -94,6 +95,10 @@ class Stage:
         self.name, self.params, self.profile = name, params, profile
         self.threads, self.device, self.log = int(threads), device, log
         self._stack = contextlib.ExitStack()
+        # Under Snakemake: what the job reads (inputs, params, script), hashed into the provenance,
+        # and its named outputs (a ``csv`` output gets the artifact's tidy table).
+        self.job: dict | None = None
+        self.outputs: dict = {}
 
     def __enter__(self) -> Stage:
         if self.log:
@@ -154,6 +159,15 @@ class Stage:
         torch.set_num_threads(self.threads)
         data = jsonable({**payload, "provenance": self.provenance()})
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if "csv" in self.outputs and str(path) == str(self.outputs.get("json")):
+            from _tables import write_csv  # pandas: imported by the stages that write tables only
+
+            for written in write_csv(Path(path).stem, data, self.outputs):
+                print(f"[{self.name}] wrote {written}", flush=True)
+        if self.job is not None:  # what it was computed from, its other outputs so far, itself
+            rec = data["provenance"]["inputs"] = record(
+                **self.job, outputs=[v for v in self.outputs.values() if str(v) != str(path)])
+            seal(data, rec)
         Path(path).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
         print(f"[{self.name}] wrote {path} after {data['provenance']['wall_s']:.1f} s", flush=True)
 
@@ -179,6 +193,10 @@ def run(main, smk=None) -> None:
                    **{k: v for k, v in smk.output.items()}}
         stage = Stage(smk.rule, params, smk.params.profile, smk.threads, smk.params.device,
                       smk.log[0] if smk.log else None)
+        # Snakemake runs a copy of the script, with ``__file__`` set to the original.
+        script = getattr(sys.modules.get("__main__"), "__file__", None)
+        stage.job = {"inputs": list(smk.input), "params": dict(smk.params.items()), "script": script}
+        stage.outputs = dict(smk.output.items())
     else:
         ap = argparse.ArgumentParser(description=main.__doc__)
         ap.add_argument("--params", required=True, help="JSON file with the stage's config")
@@ -194,6 +212,7 @@ def run(main, smk=None) -> None:
         outputs = dict(o.split("=", 1) for o in a.out)
         stage = Stage(Path(sys.argv[0]).stem + (f"_{part}" if part else ""), params, a.profile,
                       a.threads, a.device, a.log)
+        stage.outputs = outputs
     with stage:
         if part is None:
             main(stage, params, outputs)

@@ -13,8 +13,9 @@ rule calibrate_targets:
     output:
         json=f"{CALIBRATION_DIR}/targets_{{set}}_R{{R}}.json",
     params:
-        **stage_params("calibrate",
-                       drop=["search", "modes", "sends", "tau", "lam", "model_envs", "slope_weight"]),
+        **stage_params(
+            "calibrate", drop=["search", "modes", "sends", "tau", "lam", "model_envs", "slope_weight"]
+        ),
         part=lambda wc: f"targets-{wc.set}-{wc.R}",
     wildcard_constraints:
         set="|".join(CALIBRATION_SETS),
@@ -63,8 +64,11 @@ rule calibrate:
         fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
         sweep=calibration_targets("sweep"),
     output:
+        **TABLES["calibration"],
         json=report(ARTIFACTS["calibration"], caption="../report/calibration.rst", category="calibration"),
-        figure=report(f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"),
+        figure=report(
+            f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"
+        ),
     params:
         **stage_params("calibrate"),
         part="merge",

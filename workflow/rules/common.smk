@@ -110,8 +110,10 @@ def _cross_field_errors(node, where=()):
         here = _SLASH.join(where) or "(top level)"
         for w, t in (("warmup", "T"), ("warmup_eval", "T_eval")):
             if isinstance(node.get(w), int) and isinstance(node.get(t), int) and node[w] >= node[t]:
-                errors.append(f"{here}/{w} = {node[w]} must be less than {here}/{t} = {node[t]} "
-                              "(no step would be counted)")
+                errors.append(
+                    f"{here}/{w} = {node[w]} must be less than {here}/{t} = {node[t]} "
+                    "(no step would be counted)"
+                )
         if where and where[-1] == "cell":
             k = node.get("num_slots", _DEFAULT_NUM_SLOTS)
             for name in ("qa_sr_slots", "l1_sr_slots"):
@@ -129,8 +131,10 @@ def _cross_field_errors(node, where=()):
 _errors = _cross_field_errors(config)
 _conv = config["convergence"]
 if _conv["default_tau"] not in _conv["table"]["taus"]:
-    _errors.append(f"convergence/default_tau = {_conv['default_tau']} is not one of convergence/table/taus = "
-                   f"{_conv['table']['taus']}")
+    _errors.append(
+        f"convergence/default_tau = {_conv['default_tau']} is not one of convergence/table/taus = "
+        f"{_conv['table']['taus']}"
+    )
 if _errors:
     raise ValueError("config: " + "; ".join(_errors))
 
@@ -144,7 +148,7 @@ PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.y
 
 # A changed model reruns every stage: the library's sources are an input of each.
 LIBRARY = sorted(glob.glob("isaac_net/**/*.py", recursive=True))
-HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
+HELPERS = [f"benchmarks/diff/{m}.py" for m in ("_common", "_plots", "_hashes", "_tables")]
 
 # Artifacts the report renders, by name, from the one stage registry (workflow/stages.yaml, which
 # reports/render.py reads too). Every artifact is an input of the page and of the `report`
@@ -152,9 +156,18 @@ HELPERS = ["benchmarks/diff/_common.py", "benchmarks/diff/_plots.py"]
 STAGES = yaml.safe_load(open(workflow.source_path("../stages.yaml")))["stages"]
 ARTIFACTS = {name: f"{RESULTS}/{name}.json" for name in STAGES}
 TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
-PENDING_COMMANDS = {
-    name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()
+# Each artifact's tidy tables as CSV beside it (benchmarks/diff/_tables.py): outputs of its rule
+# (``csv``, ``csv_<table>``) and inputs of the report target, so a missing one is rebuilt.
+TABLE_EXTRA = {"sensitivity": ["agreement"]}
+TABLES = {
+    name: {
+        "csv": f"{RESULTS}/{name}.csv",
+        **{f"csv_{t}": f"{RESULTS}/{name}_{t}.csv" for t in TABLE_EXTRA.get(name, [])},
+    }
+    for name in STAGES
 }
+ALL_TABLES = [path for table in TABLES.values() for path in table.values()]
+PENDING_COMMANDS = {name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()}
 
 
 def stage_outputs():
@@ -193,8 +206,16 @@ def page_figures(figures):
 # longest single job) reads, then the other studies; the cost stage, which reserves every core it
 # sweeps, last: on 2 cores it then runs alone (its timings undisturbed) instead of holding back
 # the studies while the one-core jobs wait for a second free core.
-PRIORITY = {"calibrate": 100, "nn_proxy": 100, "opt_rates": 90, "placement": 80, "sensitivity": 70,
-            "checks": 10, "cost": 0}
+PRIORITY = {
+    "calibrate": 100,
+    "nn_proxy": 100,
+    "opt_rates": 90,
+    "placement": 80,
+    "sensitivity": 70,
+    "checks": 10,
+    "cost": 0,
+}
+
 
 def stage_params(name, drop=()):
     """The params of a stage's rule, passed to its script. The stage's config less the parts named in

@@ -3,6 +3,7 @@ rule convergence_table:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["convergence"],
         json=report(ARTIFACTS["convergence"], caption="../report/convergence.rst", category="convergence"),
     params:
         **stage_params("convergence", drop=["curves"]),
@@ -24,8 +25,17 @@ rule convergence_curves:
         library=LIBRARY,
         helpers=HELPERS,
     output:
-        json=report(ARTIFACTS["convergence_curves"], caption="../report/convergence_curves.rst", category="convergence_curves"),
-        figure=report(f"{RESULTS}/convergence_curves.png", caption="../report/convergence_curves.rst", category="convergence_curves"),
+        **TABLES["convergence_curves"],
+        json=report(
+            ARTIFACTS["convergence_curves"],
+            caption="../report/convergence_curves.rst",
+            category="convergence_curves",
+        ),
+        figure=report(
+            f"{RESULTS}/convergence_curves.png",
+            caption="../report/convergence_curves.rst",
+            category="convergence_curves",
+        ),
     params:
         **stage_params("convergence", drop=["table", "default_tau"]),
         part="curves",

@@ -3,6 +3,7 @@ rule cost:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["cost"],
         json=report(ARTIFACTS["cost"], caption="../report/cost.rst", category="cost"),
     params:
         **stage_params("cost"),

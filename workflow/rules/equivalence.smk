@@ -3,6 +3,7 @@ rule equivalence:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["equivalence"],
         json=report(ARTIFACTS["equivalence"], caption="../report/equivalence.rst", category="equivalence"),
     params:
         **stage_params("equivalence"),

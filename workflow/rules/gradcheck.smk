@@ -3,6 +3,7 @@ rule gradcheck:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["gradcheck"],
         json=report(ARTIFACTS["gradcheck"], caption="../report/gradcheck.rst", category="gradcheck"),
     params:
         **stage_params("gradcheck", drop=["fd"]),
@@ -24,6 +25,7 @@ rule fd_check:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["fd_check"],
         json=report(ARTIFACTS["fd_check"], caption="../report/fd_check.rst", category="fd_check"),
         figure=report(f"{RESULTS}/fd_check.png", caption="../report/fd_check.rst", category="fd_check"),
     params:

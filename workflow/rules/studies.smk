@@ -36,8 +36,11 @@ rule sensitivity:
         calibration=ARTIFACTS["calibration"],
         parts=expand(f"{RESULTS}/sensitivity/op_{{op}}.json", op=SENSITIVITY_OPS),
     output:
+        **TABLES["sensitivity"],
         json=report(ARTIFACTS["sensitivity"], caption="../report/sensitivity.rst", category="sensitivity"),
-        figure=report(f"{RESULTS}/sensitivity.png", caption="../report/sensitivity.rst", category="sensitivity"),
+        figure=report(
+            f"{RESULTS}/sensitivity.png", caption="../report/sensitivity.rst", category="sensitivity"
+        ),
     params:
         **stage_params("sensitivity"),
         part="merge",
@@ -61,6 +64,7 @@ rule opt_rates:
         calibration=ARTIFACTS["calibration"],
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
+        **TABLES["opt_rates"],
         json=report(ARTIFACTS["opt_rates"], caption="../report/opt_rates.rst", category="opt_rates"),
         figure=report(f"{RESULTS}/opt_rates.png", caption="../report/opt_rates.rst", category="opt_rates"),
     params:
@@ -85,6 +89,7 @@ rule placement:
         calibration=ARTIFACTS["calibration"],
         proxy=f"{RESULTS}/nn_proxy.pt",
     output:
+        **TABLES["placement"],
         json=report(ARTIFACTS["placement"], caption="../report/placement.rst", category="placement"),
         figure=report(f"{RESULTS}/placement.png", caption="../report/placement.rst", category="placement"),
     params:
@@ -106,6 +111,7 @@ rule nn_proxy:
         library=LIBRARY,
         helpers=HELPERS,
     output:
+        **TABLES["nn_proxy"],
         json=report(ARTIFACTS["nn_proxy"], caption="../report/nn_proxy.rst", category="nn_proxy"),
         figure=report(f"{RESULTS}/nn_proxy.png", caption="../report/nn_proxy.rst", category="nn_proxy"),
         model=f"{RESULTS}/nn_proxy.pt",
