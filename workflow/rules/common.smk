@@ -28,8 +28,10 @@ def _coerce(value, where, errors):
         text = value.strip()
         if _NUMBER.fullmatch(text):
             if _LEADING_ZERO.match(text):
-                errors.append(f"{here} = {text!r}: a number with a leading zero (YAML reads 012 as the "
-                              "octal 10); write it without the zero")
+                errors.append(
+                    f"{here} = {text!r}: a number with a leading zero (YAML reads 012 as the "
+                    "octal 10); write it without the zero"
+                )
                 return value
             if not re.search("[.eE]", text):
                 return int(text)
@@ -62,7 +64,9 @@ def _is_integer(checker, x):
 _Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"number": _is_number, "integer": _is_integer}))
+        {"number": _is_number, "integer": _is_integer}
+    ),
+)
 
 
 def _wants_integer(error):
@@ -83,8 +87,10 @@ def _schema_errors(cfg, schema):
         if isinstance(v, float) and not math.isfinite(v):
             errors.append(f"{here} = {v} is not a finite number")
         elif isinstance(v, float) and v.is_integer() and _wants_integer(e):
-            errors.append(f"{here} = {v} is a float (a point or an exponent makes one), and this key takes "
-                          f"an integer: write {int(v)}")
+            errors.append(
+                f"{here} = {v} is a float (a point or an exponent makes one), and this key takes "
+                f"an integer: write {int(v)}"
+            )
         else:
             errors.append(f"{here}: {e.message}")
     return errors
