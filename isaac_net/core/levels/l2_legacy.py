@@ -198,22 +198,10 @@ class L2State:
         return Harq(self.hq_active[p], self.hq_content[p], self.hq_sb[p], self.hq_mcs[p], self.hq_acc[p],
                     self.hq_ntx[p], self.hq_first[p])
 
-    def set_harq(self, p: int, hq: Harq) -> None:
-        """Write HARQ process ``p`` into the rings."""
-        rings = (self.hq_active, self.hq_content, self.hq_sb, self.hq_mcs, self.hq_acc, self.hq_ntx,
-                 self.hq_first)
-        for ring, v in zip(rings, hq, strict=True):
-            ring[p] = v
-
     def grant(self, u: int) -> Grant:
         """The grant of slot ``u`` (views into the rings)."""
         i = u % self.gr_tbs.shape[0]
         return Grant(self.gr_sb[i], self.gr_mcs[i], self.gr_tbs[i])
-
-    def set_grant(self, u: int, gr: Grant) -> None:
-        """Write the grant of slot ``u`` into the rings."""
-        for ring, v in zip((self.gr_sb, self.gr_mcs, self.gr_tbs), gr, strict=True):
-            ring[u % ring.shape[0]] = v
 
     def tensors(self) -> dict:
         """The fields by name (no copy)."""
