@@ -360,9 +360,10 @@ def own_storage(t: torch.Tensor) -> torch.Tensor:
 
 
 class Kernel:
-    """``fn`` (contiguous tensors of one dtype and device with storage of their own in, no views and
-    no tensor twice; a tuple of tensors out, none of them an input; no branches on values)
-    compiled by inductor once per dtype, device and pattern of size-1 dimensions, with
+    """``fn`` (contiguous tensors on one device with storage of their own in, no views and no tensor
+    twice, the dtypes of all fixed by the first's: it alone keys the graph; a tuple of tensors out,
+    none of them an input; no branches on values) compiled by inductor once per dtype, device and
+    pattern of size-1 dimensions, with
     dimension ``dim`` (counted from the end: the last by default) of every tensor of rank > 1
     symbolic (``dims`` names the arguments whose batch dimension sits elsewhere, or None: static):
     any other batch size reuses the graph (found once per new set of shapes, then by a dict lookup).

@@ -23,14 +23,17 @@ import math
 
 import torch
 
-from isaac_net.core._kernels import Kernel
+from isaac_net.core import radio
+from isaac_net.core._kernels import Kernel, own_storage
 from isaac_net.core.levels import l2_mechanisms as mech
 from isaac_net.core.levels.l2_legacy import (
     Grant,
     Harq,
+    L2State,
     buffer_report,
     deliver,
     harq_next,
+    messages_by_age,
     rlc_failure,
     scheduling_request,
     transmit,
@@ -180,13 +183,9 @@ def _first(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def serve(level, q, ctx):
     """``level``'s step through the compiled slot (:meth:`~.l2_legacy.NetL2Legacy._serve_eager`'s loop,
     the same draws and events)."""
-    from isaac_net.core import radio
-    from isaac_net.core._kernels import own_storage
-    from isaac_net.core.levels.l2_legacy import L2State, messages_by_age
-
     cfg, l2, dev = level.cfg, level.l2, level.device
     E, R, A, K = level.E, level.R, cfg.timeout_steps, cfg.num_slots
-    P, K2, H, coh, delay = l2.harq_rtt_slots, l2.k2_slots, level._num_blocks, l2.coh_slots, l2.rlc_delay_slots
+    P, K2, delay = l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots
     t = ctx.t
     inputs = level._slot_inputs
 
@@ -210,17 +209,12 @@ def serve(level, q, ctx):
     # [R, E] a slot: NACK iff c ln(sinr) + b[mcs] < this
     nack_below = _last(-torch.logit(uniforms), 1).unbind(0)
     slot_nos = torch.tensor([[t * K + k, t * K + k + delay, k + 1] for k in range(K)], device=dev).unbind(0)
-    gains, b_now, b_est, graph = level.gains, None, None, None
-    for k in range(K):
-        s = t * K + k
-        if k in block_starts:
-            gains[(s // coh) % H] = new_blocks[block_starts.index(k)]
-        if s // coh != b_now:
-            b_now = s // coh
-            rx_now = mech.to_envs_last(snr3 * gains[b_now % H])  # [R, S, E]
-        if (s - l2.est_delay_slots) // coh != b_est:
-            b_est = (s - l2.est_delay_slots) // coh
-            est = level._estimate(snr3 * gains[b_est % H])
+    graph = rx_seen = est_seen = None
+    for k, s, rx, est in level._slot_channels(t, snr3, block_starts, new_blocks):
+        if rx is not rx_seen:  # a new fading block: the kernel's layout once
+            rx_seen, rx_now = rx, mech.to_envs_last(rx)  # [R, S, E]
+        if est is not est_seen:
+            est_seen = est
             est_args = (mech.to_envs_last(est.x), est.se_t, est.pf_order.rank, est.pf_order.weight, est.cap_t,
                         est.max_sb_t)
         hq, then, gr = harqs[s % P], harqs[(s + K2) % P], grants[s % K2]

@@ -403,7 +403,7 @@ class Estimate(typing.NamedTuple):
 
 def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: torch.Tensor, hq_then: Harq,
           pf_rounds: int, sel_db: torch.Tensor, tbs_per_sb: torch.Tensor, *,
-          stop_early: bool, pf_tables: tuple | None = None) -> tuple[Grant, torch.Tensor, torch.Tensor]:
+          stop_early: bool) -> tuple[Grant, torch.Tensor, torch.Tensor]:
     """The grant for a later slot on the subbands that slot's retransmissions (the HARQ process
     ``hq_then``) leave free: PF subband by subband, up to what each robot's known buffer needs
     (``known`` ``[E, R]``); the MCS from the estimate less the OLLA offset (``olla_db``).
@@ -417,7 +417,7 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
     metric_t = est.se_t / avg_thr.clamp(min=1e-3).t().contiguous().unsqueeze(1)
     is_free_t = mech.as_uint8(mech.to_envs_last(hq_then.sb)).amax(0) == 0  # [S, E]
     alloc_t = mech.pf_allocate_envs_last(metric_t, need_t, is_free_t, pf_rounds, est.pf_order,
-                                         stop_early=stop_early, tables=pf_tables)
+                                         stop_early=stop_early)
     alloc = mech.to_envs_first(alloc_t)
     n_alloc = mech.count_true(alloc_t, 1).t().to(known.dtype, memory_format=torch.contiguous_format)
     eff_est = mech.effective_sinr_lin(est.x / n_alloc.clamp(min=1).unsqueeze(-1), alloc, n_alloc)
@@ -560,10 +560,30 @@ class NetL2Legacy(DiscreteLevel):
             return _l2_slot.serve(self, q, ctx)
         return self._serve_eager(q, ctx)
 
+    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor):
+        """Per UL slot of step ``t`` (either slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
+        (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``) and the gNB's
+        :class:`Estimate` of it ``est_delay_slots`` old. The fading blocks the step drew
+        (``_draw_step``) enter the ring as they start; each of the two is recomputed only when its
+        block changes (the same objects otherwise)."""
+        l2, K, H, coh = self.l2, self.cfg.num_slots, self._num_blocks, self.l2.coh_slots
+        gains, b_now, b_est = self.gains, None, None
+        for k in range(K):
+            s = t * K + k
+            if k in block_starts:
+                gains[(s // coh) % H] = new_blocks[block_starts.index(k)]
+            if s // coh != b_now:
+                b_now = s // coh
+                rx_now = snr3 * gains[b_now % H]
+            if (s - l2.est_delay_slots) // coh != b_est:
+                b_est = (s - l2.est_delay_slots) // coh
+                est = self._estimate(snr3 * gains[b_est % H])
+            yield k, s, rx_now, est
+
     def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
         """The slot loop in eager torch ops, with host-side branches that skip rare work on the CPU."""
         cfg, l2 = self.cfg, self.l2
-        E, R, A, K = self.E, self.R, cfg.timeout_steps, cfg.num_slots
+        E, R, A = self.E, self.R, cfg.timeout_steps
         P, K2, H, coh = l2.harq_rtt_slots, l2.k2_slots, self._num_blocks, l2.coh_slots
         t, dev = ctx.t, self.device
         zero, host = self._zero, self._host_branches
@@ -578,7 +598,6 @@ class NetL2Legacy(DiscreteLevel):
         bytes_ = bytes_.masked_fill(~live, math.inf)
         usable = live  # not lost by RLC
         known, outstanding, olla, avg = st.known, st.outstanding, st.olla_db, st.avg_thr
-        gains = self.gains
 
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
         finish_slot = torch.full((E, R, A), -1, dtype=torch.long, device=dev)
@@ -593,23 +612,11 @@ class NetL2Legacy(DiscreteLevel):
             flat = held.reshape(D, -1)
             is_held = ((flat.amax(1) != 0) | (flat.amin(1) != 0)).tolist()
         is_tx_by_slot = []
-        b_now = b_est = None
         # Views of every HARQ process and grant slot, written in place (cheaper than indexing per slot).
         harqs = [st.harq(p) for p in range(P)]
         grants = [st.grant(u) for u in range(K2)]
 
-        for k in range(K):
-            s = t * K + k
-            # The channel, and the gNB's estimate est_delay_slots old: each changes with its block.
-            if k in block_starts:
-                gains[(s // coh) % H] = new_blocks[block_starts.index(k)]
-            if s // coh != b_now:
-                b_now = s // coh
-                rx_now = snr3 * gains[b_now % H]  # [E, R, S] SINR with the full power in one subband
-            if (s - l2.est_delay_slots) // coh != b_est:
-                b_est = (s - l2.est_delay_slots) // coh
-                est = self._estimate(snr3 * gains[b_est % H])
-
+        for k, s, rx_now, est in self._slot_channels(t, snr3, block_starts, new_blocks):
             # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
             if is_held[s % D]:
                 unsched = unsched + torch.where(usable, held[s % D], zero)
@@ -669,7 +676,7 @@ class NetL2Legacy(DiscreteLevel):
                 log[key].append(v)
             if self.trace is not None:
                 self.trace.append(dict(
-                    s=s, k=k, gain=gains[b_now % H].clone(), u=uniforms[k], is_new=tx.is_new,
+                    s=s, k=k, gain=self.gains[(s // coh) % H].clone(), u=uniforms[k], is_new=tx.is_new,
                     is_retx=tx.is_retx, nack=tx.nack, fail=tx.fail, ntx=tx.ntx, tb_bytes=tx.tb_bytes,
                     content=tx.content, sb=tx.sb, mcs=tx.mcs,
                     bler=mech.bler(10.0 * torch.log10(tx.acc), tx.mcs, self._thr_db, l2.bler_slope_db),

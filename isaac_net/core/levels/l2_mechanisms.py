@@ -255,11 +255,9 @@ def _out_table(S: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def pf_tables(S: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables :func:`pf_allocate_envs_last` reads: the keep table (an empty tensor from
-    ``_TABLE_MAX_SUBBANDS`` subbands on, where it takes the order instead) and the out table."""
-    keep = _keep_table(S, device) if S <= _TABLE_MAX_SUBBANDS else torch.zeros(0, dtype=torch.uint8,
-                                                                               device=device)
-    return keep, _out_table(S, dtype, device)
+    """The tables :func:`pf_allocate_envs_last` reads up to ``_TABLE_MAX_SUBBANDS`` subbands: the
+    keep table and the out table."""
+    return _keep_table(S, device), _out_table(S, dtype, device)
 
 
 class PfOrder(typing.NamedTuple):
@@ -292,12 +290,13 @@ def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: tor
 
     ``stop_early`` also allows the other host-side branch, a test for ties. ``tables``: the keep
     and out tables (:func:`pf_tables`), passed in by a compiled caller (a graph must not capture
-    a module's tensors as constants).
+    a module's tensors as constants); the order's keep weights must be there too.
     """
     R, S, E = metric.shape
-    table, out = tables if tables is not None else pf_tables(S, metric.dtype, metric.device)
-    if order.weight is None:
-        table = None
+    if tables is None:
+        tables = (_keep_table(S, metric.device) if order.weight is not None else None,
+                  _out_table(S, metric.dtype, metric.device))
+    table, out = tables
     count = torch.uint8 if max(R, S) < 256 else torch.int32  # for counts of robots or subbands
     # A robot keeps at most S subbands: a larger need acts as S.
     need_left = need.clamp(0, S).to(torch.int32, memory_format=torch.contiguous_format)  # [R, E]
