@@ -740,6 +740,15 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     return dest
 
 
+def stubbed_ci_run(tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A workflow copy with stub stages, run once to the report on the ci profile: the copy, the
+    profile's arguments and its results folder."""
+    wf = workflow_copy(tmp_path, stubs=True)
+    ci = ["--configfile", "config/ci.yaml"]
+    snakemake(wf, "report", "--cores", "2", *ci)
+    return wf, ci, wf / "benchmarks/diff/results/ci"
+
+
 def snakemake(cwd: Path, *args: str) -> str:
     proc = subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -811,10 +820,7 @@ def test_a_changed_setting_reruns_only_its_stage_and_the_report(tmp_path):
 
 @pytest.mark.slow
 def test_faults_a_deleted_artifact_is_rebuilt_and_touch_marks_a_fresh_clone_current(tmp_path):
-    wf = workflow_copy(tmp_path, stubs=True)
-    ci = ["--configfile", "config/ci.yaml"]
-    snakemake(wf, "report", "--cores", "2", *ci)
-    results = wf / "benchmarks/diff/results/ci"
+    wf, ci, results = stubbed_ci_run(tmp_path)
     (results / "sensitivity.json").unlink()  # as Snakemake does when a stage is killed
     assert set(job_counts(snakemake(wf, "-n", "report", "--cores", "2", *ci))) == {"sensitivity", "page",
                                                                                   "report"}
@@ -836,10 +842,7 @@ def test_faults_a_deleted_figure_or_page_copy_is_rebuilt(tmp_path):
     """Every file a stage declares is an input of `report`, and so is each figure's copy next to the
     page: deleting one replans the rule that writes it (Snakemake looks only for outputs that
     something asks for)."""
-    wf = workflow_copy(tmp_path, stubs=True)
-    ci = ["--configfile", "config/ci.yaml"]
-    snakemake(wf, "report", "--cores", "2", *ci)
-    results = wf / "benchmarks/diff/results/ci"
+    wf, ci, results = stubbed_ci_run(tmp_path)
     copies = sorted(p.name for p in (results / "figures").iterdir())
     assert copies == sorted(["calibration.png", "convergence_curves.png", "fd_check.png", "nn_proxy.png",
                              "opt_rates.png", "placement.png", "sensitivity.png"])
@@ -863,10 +866,7 @@ def test_faults_a_deleted_figure_or_page_copy_is_rebuilt(tmp_path):
 
 @pytest.mark.slow
 def test_faults_the_page_rules_error_reaches_its_log_and_the_terminal(tmp_path):
-    wf = workflow_copy(tmp_path, stubs=True)
-    ci = ["--configfile", "config/ci.yaml"]
-    snakemake(wf, "report", "--cores", "2", *ci)
-    results = wf / "benchmarks/diff/results/ci"
+    wf, ci, results = stubbed_ci_run(tmp_path)
     artifact = results / "equivalence.json"
     artifact.write_text(artifact.read_text()[:100])  # truncated, and newer than the page
     proc = subprocess.run([str(SNAKEMAKE), "report", "--cores", "1", *ci], cwd=wf, capture_output=True,
@@ -1094,9 +1094,7 @@ def test_cost_child_dies_with_its_parent_group(tmp_path):
 @pytest.mark.slow
 def test_snakemake_html_report_has_the_page_figures_and_captions(tmp_path):
     """`snakemake --report` on the ci profile after a (stubbed) ci run."""
-    wf = workflow_copy(tmp_path, stubs=True)
-    ci = ["--configfile", "config/ci.yaml"]
-    snakemake(wf, "report", "--cores", "2", *ci)
+    wf, ci, _ = stubbed_ci_run(tmp_path)
     snakemake(wf, "--report", "report.html", *ci)
     html = (wf / "report.html").read_text()
     for name in ("equivalence", "convergence_curves", "fd_check", "cost", "nn_proxy"):
