@@ -60,6 +60,7 @@ rule page:
     input:
         **ARTIFACTS,
         template="reports/checks_and_measurements.md.j2",
+        sections=PAGE_SECTIONS,
         renderer="reports/render.py",
         checker="reports/check_numbers.py",
         schema="workflow/schemas/artifacts.schema.yaml",

@@ -540,7 +540,7 @@ def test_missing_value_fails_the_render():
     del arts["convergence"]["summary"]["L1_discrete_delay"]
     paths = {name: f"{name}.json" for name in render.STAGES}
     with pytest.raises(jinja2.UndefinedError, match="L1_discrete_delay"):
-        render.render(arts, paths, paths, "fixture")
+        render.render_traced(arts, paths, paths, "fixture")
 
 
 @pytest.mark.parametrize("name, mutate, where", [

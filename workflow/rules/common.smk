@@ -152,6 +152,8 @@ RESULTS = f"benchmarks/diff/results/{PROFILE}"
 PAGE_DIR = "reports" if PROFILE == "full" else RESULTS
 PAGE = f"{PAGE_DIR}/checks_and_measurements.md"
 FIGURES_DIR = f"{PAGE_DIR}/figures"
+# The page's template includes one file per section (their macros in sections/_macros.md.j2).
+PAGE_SECTIONS = sorted(glob.glob("reports/sections/*.md.j2"))
 PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.yaml"
 
 # A changed model reruns every stage: the library's sources are an input of each.
