@@ -2,25 +2,36 @@
 # a stage script run on its config section (less the keys it leaves to another stage) with the
 # library and the helpers as inputs, writing its artifact, tidy tables and figure. A changed input,
 # param or script reruns the stage; restore.py checks the same from the artifact's hashes.
-for _name, _stage in STAGES.items():
+#
+# Defined in a function, called once per stage, not in the loop's body: Snakemake evaluates the
+# `script:` expression again when the job runs, and a loop variable would by then name the last
+# stage (every rule would run the cost script); a function's arguments stay each call's own.
+
+
+def stage_rule(name, stage):
+    """The rule of stage `name`, from its registry entry."""
 
     rule:
         name:
-            _stage["rule"]
+            stage["rule"]
         input:
-            **stage_inputs(_stage),
+            **stage_inputs(stage),
         output:
-            **stage_output(_name),
+            **stage_output(name),
         params:
-            **stage_params(_stage["config"], drop=_stage["drop"]),
-            **({} if _stage["part"] is None else {"part": _stage["part"]}),
+            **stage_params(stage["config"], drop=stage["drop"]),
+            **({} if stage["part"] is None else {"part": stage["part"]}),
         log:
-            log_path(_stage["rule"]),
+            log_path(stage["rule"]),
         benchmark:
-            bench_path(_stage["rule"])
-        threads: stage_threads(_stage)
-        priority: PRIORITY[_stage["priority"]]
+            bench_path(stage["rule"])
+        threads: stage_threads(stage)
+        priority: PRIORITY[stage["priority"]]
         conda:
             "../../environment.yml"
         script:
-            f"../../benchmarks/diff/{_stage['script']}"
+            f"../../benchmarks/diff/{stage['script']}"
+
+
+for _name, _stage in STAGES.items():
+    stage_rule(_name, _stage)
