@@ -1,5 +1,5 @@
 # The "Checks and measurements" pipeline (docs/design.md, "The pipeline"). Wiring only: the logic is in
-# workflow/rules/common.smk, each stage's rule in its own file.
+# workflow/rules/common.smk, the stages in workflow/stages.yaml (their rules are generated from it).
 #
 #   snakemake --cores 32 report                              # full profile (config/config.yaml)
 #   snakemake --cores 2 report --configfile config/ci.yaml   # another profile (target first:
@@ -18,19 +18,10 @@ report: "workflow/report/workflow.rst"
 
 # common.smk coerces command-line overrides, validates the config and checks its cross-field rules.
 include: "workflow/rules/common.smk"
-include: "workflow/rules/equivalence.smk"
-include: "workflow/rules/convergence.smk"
-include: "workflow/rules/gradcheck.smk"
-include: "workflow/rules/cost.smk"
-include: "workflow/rules/calibrate.smk"
-include: "workflow/rules/studies.smk"
-
-
-# Every file the stage rules declare (artifacts, figures, the proxy's model), each stage's figure
-# and the page's copy of it (common.smk).
-STAGE_OUTPUTS = stage_outputs()
-STAGE_FIGURES = stage_figures()
-PAGE_FIGURES = page_figures(STAGE_FIGURES)
+# The stages' rules, generated from the stage registry workflow/stages.yaml, and the jobs that some
+# of them fan out into.
+include: "workflow/rules/fan_out.smk"
+include: "workflow/rules/stages.smk"
 
 
 # Rendering runs where Snakemake runs, also under an executor (SLURM).
@@ -69,6 +60,7 @@ rule page:
     input:
         **ARTIFACTS,
         template="reports/checks_and_measurements.md.j2",
+        sections=PAGE_SECTIONS,
         renderer="reports/render.py",
         checker="reports/check_numbers.py",
         schema="workflow/schemas/artifacts.schema.yaml",

@@ -1,6 +1,7 @@
 """Render the "Checks and measurements" page from the stage artifacts, and trace every number.
 
-The page is ``reports/checks_and_measurements.md.j2`` filled from the JSON artifacts of
+The page is ``reports/checks_and_measurements.md.j2`` (one file per section in
+``reports/sections/``, the common shape a macro there) filled from the JSON artifacts of
 one profile (``benchmarks/diff/results/<profile>/*.json``) and nothing else: a missing
 value fails the render (``StrictUndefined``), an artifact that does not match
 ``workflow/schemas/artifacts.schema.yaml`` fails with the artifact, the key and the
@@ -537,11 +538,6 @@ def render_traced(artifacts: dict[str, dict], paths: dict[str, str], pending: di
     if any(c in text for c in (_START, _SEP, _END)):
         raise TraceError("a number filter's output was cut or nested in the template (stray trace marker)")
     return text, trace
-
-
-def render(*args, **kwargs) -> str:
-    """The page as a string (``render_traced`` without the trace)."""
-    return render_traced(*args, **kwargs)[0]
 
 
 def trace_document(text: str, trace: list[dict], profile: str) -> dict:

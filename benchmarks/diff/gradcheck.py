@@ -95,6 +95,45 @@ def small(stage, params: dict, out: dict) -> None:
     stage.write_json(out["json"], {"summary": summary, "table": rows})
 
 
+def _fd_mode(mode: str, x0: dict, direction: dict, mix, steps: list, largest: list, tau: float, cfg,
+             T: int, bar) -> tuple[list, list]:
+    """One model's rows (autograd against central differences of the mixed KPI along ``direction``,
+    per input and step) and its sign checks."""
+    rows, signs = [], []
+    x = {k: v.clone().requires_grad_(True) for k, v in x0.items()}
+    k = kpis(mode, tau, cfg, T, x)
+    grads_mix = torch.autograd.grad(mix(k), [x[n] for n in INPUTS], retain_graph=True)
+    grad_of = {}
+    for kpi in sorted({s[0] for s in SIGNS}):
+        grad_of[kpi] = dict(zip(INPUTS, torch.autograd.grad(k[kpi], [x[n] for n in INPUTS],
+                                                            retain_graph=True, allow_unused=True),
+                                strict=True))
+    del k
+    bar.update()
+    for kpi, name, sign in SIGNS:
+        gsum = grad_of[kpi][name]
+        value = float(gsum.sum()) if gsum is not None else 0.0
+        signs.append({"mode": mode, "kpi": kpi, "input": name, "expected": "+" if sign > 0 else "-",
+                      "grad_sum": value, "pass": value * sign > 0})
+    for name, gr in zip(INPUTS, grads_mix, strict=True):
+        ad = float((gr * direction[name]).sum())
+        fds, errs = [], []
+        with torch.no_grad():
+            for h in steps:
+                up = mix(kpis(mode, tau, cfg, T, {**x0, name: x0[name] + h * direction[name]}))
+                dn = mix(kpis(mode, tau, cfg, T, {**x0, name: x0[name] - h * direction[name]}))
+                fds.append(float((up - dn) / (2 * h)))
+                errs.append(abs(fds[-1] - ad) / abs(ad) if ad != 0 else None)
+                bar.update()
+        finite = [e for e in errs if e is not None]
+        rows.append({"mode": mode, "input": name, "autograd": ad, "fd": fds, "rel_err": errs,
+                     "best_rel_err": min(finite) if finite else None,
+                     "slope": loglog_slope(steps, [e or 0.0 for e in errs]),
+                     "slope_large": loglog_slope([steps[j] for j in largest],
+                                                 [errs[j] or 0.0 for j in largest])})
+    return rows, signs
+
+
 def fd(stage, params: dict, out: dict) -> None:
     from _plots import fd_error
 
@@ -117,37 +156,9 @@ def fd(stage, params: dict, out: dict) -> None:
     bar = tqdm(total=len(params["modes"]) * (1 + len(INPUTS) * len(steps)), desc="finite differences",
                mininterval=2.0)
     for mode in params["modes"]:
-        x = {k: v.clone().requires_grad_(True) for k, v in x0.items()}
-        k = kpis(mode, tau, cfg, c["T"], x)
-        grads_mix = torch.autograd.grad(mix(k), [x[n] for n in INPUTS], retain_graph=True)
-        grad_of = {}
-        for kpi in sorted({s[0] for s in SIGNS}):
-            grad_of[kpi] = dict(zip(INPUTS, torch.autograd.grad(k[kpi], [x[n] for n in INPUTS],
-                                                                retain_graph=True, allow_unused=True),
-                                    strict=True))
-        del k
-        bar.update()
-        for kpi, name, sign in SIGNS:
-            gsum = grad_of[kpi][name]
-            value = float(gsum.sum()) if gsum is not None else 0.0
-            signs.append({"mode": mode, "kpi": kpi, "input": name, "expected": "+" if sign > 0 else "-",
-                          "grad_sum": value, "pass": value * sign > 0})
-        for name, gr in zip(INPUTS, grads_mix, strict=True):
-            ad = float((gr * direction[name]).sum())
-            fds, errs = [], []
-            with torch.no_grad():
-                for h in steps:
-                    up = mix(kpis(mode, tau, cfg, c["T"], {**x0, name: x0[name] + h * direction[name]}))
-                    dn = mix(kpis(mode, tau, cfg, c["T"], {**x0, name: x0[name] - h * direction[name]}))
-                    fds.append(float((up - dn) / (2 * h)))
-                    errs.append(abs(fds[-1] - ad) / abs(ad) if ad != 0 else None)
-                    bar.update()
-            finite = [e for e in errs if e is not None]
-            rows.append({"mode": mode, "input": name, "autograd": ad, "fd": fds, "rel_err": errs,
-                         "best_rel_err": min(finite) if finite else None,
-                         "slope": loglog_slope(steps, [e or 0.0 for e in errs]),
-                         "slope_large": loglog_slope([steps[j] for j in largest],
-                                                     [errs[j] or 0.0 for j in largest])})
+        mode_rows, mode_signs = _fd_mode(mode, x0, direction, mix, steps, largest, tau, cfg, c["T"], bar)
+        rows += mode_rows
+        signs += mode_signs
     bar.close()
     fd_error(rows, steps, out["figure"])
     best = [r["best_rel_err"] for r in rows]

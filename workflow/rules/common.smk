@@ -1,8 +1,10 @@
 # Shared definitions of the pipeline: the config's coercion and validation, paths, inputs every
 # stage has, the report's inputs.
 import glob
+import importlib.util
 import math
 import re
+import string
 
 import jsonschema
 import yaml
@@ -150,61 +152,45 @@ RESULTS = f"benchmarks/diff/results/{PROFILE}"
 PAGE_DIR = "reports" if PROFILE == "full" else RESULTS
 PAGE = f"{PAGE_DIR}/checks_and_measurements.md"
 FIGURES_DIR = f"{PAGE_DIR}/figures"
+# The page's template includes one file per section (their macros in sections/_macros.md.j2).
+PAGE_SECTIONS = sorted(glob.glob("reports/sections/*.md.j2"))
 PROFILE_OPTION = "" if PROFILE == "full" else f" --configfile config/{PROFILE}.yaml"
 
 # A changed model reruns every stage: the library's sources are an input of each.
 LIBRARY = sorted(glob.glob("isaac_net/**/*.py", recursive=True))
 HELPERS = [f"benchmarks/diff/{m}.py" for m in ("_common", "_plots", "_hashes", "_tables")]
 
-# Artifacts the report renders, by name, from the one stage registry (workflow/stages.yaml, which
-# reports/render.py reads too). Every artifact is an input of the page and of the `report`
-# target, so a missing one is rebuilt (see the Snakefile).
-STAGES = yaml.safe_load(open(workflow.source_path("../stages.yaml")))["stages"]
-ARTIFACTS = {name: f"{RESULTS}/{name}.json" for name in STAGES}
+# The one stage registry (workflow/stages.yaml, with its defaults: workflow/scripts/stage_registry.py,
+# which reports/render.py and the tests read too): stage name -> entry, in page order. Each stage's
+# rule is generated from its entry (workflow/rules/stages.smk).
+_spec = importlib.util.spec_from_file_location(
+    "stage_registry", workflow.source_path("../scripts/stage_registry.py")
+)
+stage_registry = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stage_registry)
+STAGES = stage_registry.load(workflow.source_path("../stages.yaml"))
+# Each stage's files by output name: its tidy tables as CSV beside its artifact
+# (benchmarks/diff/_tables.py; ``csv``, ``csv_<table>``), the artifact (``json``), its figure and
+# other files.
+STAGE_FILES = {name: stage_registry.outputs(name, stage, RESULTS) for name, stage in STAGES.items()}
+# Artifacts the report renders, by name. Every artifact is an input of the page and of the
+# `report` target, so a missing one is rebuilt (see the Snakefile).
+ARTIFACTS = {name: files["json"] for name, files in STAGE_FILES.items()}
 TRACE = f"{PAGE_DIR}/checks_and_measurements.trace.json"
-# Each artifact's tidy tables as CSV beside it (benchmarks/diff/_tables.py): outputs of its rule
-# (``csv``, ``csv_<table>``) and inputs of the report target, so a missing one is rebuilt.
-TABLE_EXTRA = {"sensitivity": ["agreement"]}
 TABLES = {
-    name: {
-        "csv": f"{RESULTS}/{name}.csv",
-        **{f"csv_{t}": f"{RESULTS}/{name}_{t}.csv" for t in TABLE_EXTRA.get(name, [])},
-    }
-    for name in STAGES
+    name: {k: v for k, v in files.items() if k == "csv" or k.startswith("csv_")}
+    for name, files in STAGE_FILES.items()
 }
 ALL_TABLES = [path for table in TABLES.values() for path in table.values()]
 PENDING_COMMANDS = {name: f"snakemake --cores 32 {path}{PROFILE_OPTION}" for name, path in ARTIFACTS.items()}
-
-
-def stage_outputs():
-    """Every file that a stage's rules declare, for the `report` target: the rules that write an
-    artifact of the page, and of each its artifact, figure(s) and other files (the proxy's model).
-    Snakemake reruns a job for a missing output only when something asks for that output, so a
-    deleted figure that no target named would stay deleted. Call it after the stage rules."""
-    artifacts = set(ARTIFACTS.values())
-    files = set()
-    for r in workflow.rules:
-        outputs = {str(f) for f in r.output}
-        if not r.has_wildcards() and artifacts & outputs:
-            files |= outputs
-    return sorted(files)
-
-
-def stage_figures():
-    """Each stage's figure(s) (a stage rule's outputs named ``figure...``), which the page copies next
-    to itself; after the stage rules are included."""
-    outputs = set(stage_outputs())
-    figures = set()
-    for r in workflow.rules:
-        for name, files in r.output.items():
-            if name.startswith("figure"):
-                figures.update(str(f) for f in (files if isinstance(files, list) else [files]))
-    return sorted(figures & outputs)
-
-
-def page_figures(figures):
-    """The page's copies of ``figures``: same names, in the page's figures folder."""
-    return [f"{FIGURES_DIR}/{f.rsplit(_SLASH, 1)[-1]}" for f in figures]
+# Every file that the stages' rules write, for the `report` target (Snakemake reruns a job for a
+# missing output only when something asks for that output, so a deleted figure that no target
+# named would stay deleted).
+STAGE_OUTPUTS = sorted(path for files in STAGE_FILES.values() for path in files.values())
+# Each stage's figure, which the page copies next to itself, and the page's copies (same names, in
+# the page's figures folder).
+STAGE_FIGURES = sorted(files["figure"] for files in STAGE_FILES.values() if "figure" in files)
+PAGE_FIGURES = [f"{FIGURES_DIR}/{f.rsplit(_SLASH, 1)[-1]}" for f in STAGE_FIGURES]
 
 
 # Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
@@ -248,3 +234,45 @@ def calibration_targets(point_set):
     sweep: the first size only)."""
     sizes = CALIBRATION_R[:1] if point_set == "sweep" else CALIBRATION_R
     return [f"{RESULTS}/calibrate/targets_{point_set}_R{r}.json" for r in sizes]
+
+
+# What the fan-out rules' wildcards take (workflow/rules/fan_out.smk): a stage's inputs
+# (stages.yaml) name their outputs with these, e.g. ``{results}/calibrate/fit_{model}.json``.
+# The calibration's models (each fitted by its own job) and the sensitivity's operating points.
+CALIBRATION_SETS = ("train", "heldout", "sweep")
+CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
+SENSITIVITY_OPS = [op["name"] for op in config["sensitivity"]["ops"]]
+FAN_OUT = {"model": CALIBRATION_MODELS, "op": SENSITIVITY_OPS, "sweep_R": CALIBRATION_R[:1]}
+
+
+def stage_inputs(stage):
+    """A stage rule's inputs by name: the library and the helpers, then its entry's paths with
+    ``{results}`` filled in and the fan-out wildcards expanded (a list stays a list)."""
+    inputs = {"library": LIBRARY, "helpers": HELPERS}
+    for key, value in stage["inputs"].items():
+        patterns = value if isinstance(value, list) else [value]
+        files, fanned = [], isinstance(value, list)
+        for pattern in patterns:
+            wildcards = {f for _, f, _, _ in string.Formatter().parse(pattern) if f} - {"results"}
+            fanned = fanned or bool(wildcards)
+            files += expand(pattern, results=RESULTS, **{w: FAN_OUT[w] for w in wildcards})
+        inputs[key] = files if fanned else files[0]
+    return inputs
+
+
+def stage_output(name):
+    """A stage rule's outputs by name; its artifact and figure in Snakemake's HTML report, captioned
+    by workflow/report/<name>.rst."""
+    caption = f"../report/{name}.rst"
+    return {
+        key: report(path, caption=caption, category=name) if key in ("json", "figure") else path
+        for key, path in STAGE_FILES[name].items()
+    }
+
+
+def stage_threads(stage):
+    """A stage rule's threads: its entry's number; for `swept` the most of its section's `threads`
+    (the stage sweeps torch threads itself); by default the config's `threads`."""
+    if stage["threads"] == "swept":
+        return max(config[stage["config"]]["threads"])
+    return config["threads"] if stage["threads"] is None else stage["threads"]

@@ -1,8 +1,10 @@
+# The jobs that some stages fan out into, each merged by its stage's rule (workflow/rules/stages.smk,
+# whose inputs in workflow/stages.yaml name these outputs; their wildcards' values: FAN_OUT in
+# common.smk). Side by side under --cores N or SLURM.
+#
 # Calibration of L1D and QAD (mean-field, relaxed) to L2-legacy (benchmarks/diff/calibrate.py):
-# L2-legacy targets per point set and fleet size and one fit per model run as separate jobs, side
-# by side under --cores N or SLURM; the merge writes the calibration file the studies read.
-CALIBRATION_SETS = ("train", "heldout", "sweep")
-CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
+# L2-legacy targets per point set and fleet size, and one fit per model; the merge (rule
+# calibrate) writes the calibration file the studies read.
 CALIBRATION_DIR = f"{RESULTS}/calibrate"
 
 
@@ -57,28 +59,27 @@ rule calibrate_fit:
         "../../benchmarks/diff/calibrate.py"
 
 
-rule calibrate:
+# L2-legacy sensitivity (benchmarks/diff/sensitivity.py): one job per operating point; the merge
+# (rule sensitivity) writes the stage's artifact.
+rule sensitivity_op:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
-        sweep=calibration_targets("sweep"),
+        calibration=ARTIFACTS["calibration"],
     output:
-        **TABLES["calibration"],
-        json=report(ARTIFACTS["calibration"], caption="../report/calibration.rst", category="calibration"),
-        figure=report(
-            f"{RESULTS}/calibration.png", caption="../report/calibration.rst", category="calibration"
-        ),
+        json=f"{RESULTS}/sensitivity/op_{{op}}.json",
     params:
-        **stage_params("calibrate"),
-        part="merge",
+        **stage_params("sensitivity"),
+        part=lambda wc: f"op-{wc.op}",
+    wildcard_constraints:
+        op="|".join(SENSITIVITY_OPS),
     log:
-        log_path("calibrate"),
+        f"{RESULTS}/logs/sensitivity_op_{{op}}.log",
     benchmark:
-        bench_path("calibrate")
-    threads: 1
-    priority: PRIORITY["calibrate"]
+        f"{RESULTS}/bench/sensitivity_op_{{op}}.tsv"
+    threads: config["threads"]
+    priority: PRIORITY["sensitivity"]
     conda:
         "../../environment.yml"
     script:
-        "../../benchmarks/diff/calibrate.py"
+        "../../benchmarks/diff/sensitivity.py"
