@@ -25,6 +25,7 @@ from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
 
+
 @dataclasses.dataclass(frozen=True)
 class FluidState:
     """Queue and AoI state, ``x``/``w`` ``[E, R, A]`` (bytes, mass), ``aoi`` ``[E, R]`` steps."""
@@ -119,12 +120,13 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
         def completion(s):
             return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
     if not relax.is_hard(tau) and slots != "autograd":
-        return _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg, tau, consts, slots)
+        return _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg, tau, consts,
+                              slots)
     return _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau, consts)
 
 
-def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau, consts: tuple,
-                   slots: str):
+def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
+                   consts: tuple, slots: str):
     """``_service_l1`` at ``tau > 0`` through ``_l1_loop``'s slot-loop nodes (without a floor one
     loop of K slots; with one, the not-empty case's first ``L`` slots and then the rest).
 
@@ -303,7 +305,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     return FluidState(out.x, out.w, out.aoi), kpis
 
 
-def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str, device: torch.device) -> bool:
+def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str,
+                device: torch.device) -> bool:
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
     soft only: not at tau = 0 (the hard operations), not ``slots="autograd"`` (autograd through
     ``_step``), and not compiled unless on the CPU (where the node's forward runs as a compiled kernel)."""
