@@ -36,7 +36,7 @@ def test_candidates_through_the_inputs_equal_the_constants():
         exact = calibrate.model_kpis(mode, "relaxed", prob, dataclasses.replace(cfg, rate_factor=0.6,
                                                                                  snr_offset_db=-4.0),
                                      tau=0.05, lam=0.1)
-        for k in calibrate.KPIS:
+        for k in calibrate.TARGET_KPIS:
             torch.testing.assert_close(batched[k][1], exact[k][0], rtol=1e-6, atol=1e-9)
             assert not torch.allclose(batched[k][0], batched[k][1])  # the candidates do differ
 
@@ -126,9 +126,9 @@ def test_gradient_check_flags_an_exploding_backpropagation_and_passes_a_stable_o
     rollout without the floor matches its finite difference."""
     prob = calibrate.problem([(0.5, 20000.0, 23.0)], R=8, envs=2, T=60, warmup=5, seed=0)
     consts = dict(rate_factor=0.569, snr_offset_db=-3.89)
-    exploding = calibrate.gradient_check("L1", "mean_field", prob, CellConfig(**consts, l1_sr_slots=32),
-                                         tau=0.05, lam=0.1)
-    plain = calibrate.gradient_check("L1", "mean_field", prob, CellConfig(**consts), tau=0.05, lam=0.1)
+    exploding = calibrate.check_gradients("L1", "mean_field", prob, CellConfig(**consts, l1_sr_slots=32),
+                                          tau=0.05, lam=0.1)
+    plain = calibrate.check_gradients("L1", "mean_field", prob, CellConfig(**consts), tau=0.05, lam=0.1)
     assert not exploding["stable"] and exploding["worst_error"] > 1e3
     assert abs(exploding["autograd"]) > 1e3 * abs(exploding["fd"])
     assert plain["stable"] and plain["worst_error"] < 0.01
@@ -137,8 +137,8 @@ def test_gradient_check_flags_an_exploding_backpropagation_and_passes_a_stable_o
 
 
 def _fake_check(unstable_floors):
-    """``gradient_check`` that declares the QA floors ``unstable_floors`` unusable (the rest as measured)."""
-    real = calibrate.gradient_check
+    """``check_gradients`` that declares the QA floors ``unstable_floors`` unusable (the rest as measured)."""
+    real = calibrate.check_gradients
 
     def check(mode, sends, prob, cfg, **kw):
         out = real(mode, sends, prob, cfg, **kw)
@@ -158,14 +158,14 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
                                                        dataclasses.replace(CellConfig(), **truth),
                                                        tau=0.05, lam=0.1).items()}
     kw = {**TINY, "envs": 2}
-    monkeypatch.setattr(calibrate, "gradient_check", _fake_check({16}))
+    monkeypatch.setattr(calibrate.search, "check_gradients", _fake_check({16}))
     cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
     assert cal.sr_slots == 4 and cal.gradient_check["stable"]
     assert [r["sr_slots"] for r in cal.gradient_check["rejected"]] == [16]
     assert cal.gradient_check["rejected"][0]["train_loss"] < 1e-3 < cal.train_loss  # the truth, set aside
     assert cal.setup["gradient_checks"] == 2
 
-    monkeypatch.setattr(calibrate, "gradient_check", _fake_check({4, 16}))
+    monkeypatch.setattr(calibrate.search, "check_gradients", _fake_check({4, 16}))
     match = "no latency floor of \\[4, 16\\] at a temperature of \\[0.05\\] passes the gradient check"
     with pytest.warns(UserWarning, match=match):
         flagged = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
@@ -254,7 +254,7 @@ def test_save_load_several_and_clear_errors(fitted, tmp_path):
     missing = r"no calibration for mode='L1', sends='relaxed'.*\(L1, mean_field\)"
     with pytest.raises(ValueError, match=missing):
         calibrate.Calibration.load(path, mode="L1", sends="relaxed")
-    with pytest.raises(ValueError, match="mode: expected one of"):
+    with pytest.raises(ValueError, match="unknown mode 'L3'; expected one of: L1, QA"):
         calibrate.Calibration.load(path, mode="L3", sends="relaxed")
     (tmp_path / "other.json").write_text(json.dumps({"summary": {}}))
     with pytest.raises(ValueError, match="not a calibration file"):
@@ -284,7 +284,7 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(mode="L3"), "mode: expected one of"),
+    (dict(mode="L3"), "unknown mode 'L3'; expected one of: L1, QA"),
     (dict(sends="binary"), "sends: expected one of"),
     (dict(level="L1"), "level: calibrations are fitted to 'L2-legacy'"),
     (dict(cfg=CellConfig(rate_factor=0.5)), "cfg: expected the plain cell"),
@@ -297,7 +297,7 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(R=()), "R: expected an integer >= 1 or a non-empty sequence"),
     (dict(R=(4, 2.5)), "R: expected an integer >= 1 or a non-empty sequence"),
     (dict(R=(4, 4)), r"R: expected distinct fleet sizes, got \[4, 4\]"),
-    (dict(targets={k: torch.ones(3) for k in calibrate.KPIS}), r"targets: expected 4 values per KPI"),
+    (dict(targets={k: torch.ones(3) for k in calibrate.TARGET_KPIS}), r"targets: expected 4 values per KPI"),
     (dict(targets={"mean_delay": torch.ones(4)}), r"targets: expected the KPIs .* missing"),
     (dict(grid=((1.5, 1000.0, 23.0),)), r"grid: expected points \(p in \[0, 1\]"),
     (dict(slope_weight=-1.0), "slope_weight: expected a finite number >= 0, got -1.0"),

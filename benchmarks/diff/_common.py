@@ -25,7 +25,7 @@ import scipy.stats
 import torch
 from _hashes import record, seal
 
-from isaac_net.core.diff.calibrate import KPIS  # noqa: F401 (the per-env KPI means, every table's order)
+from isaac_net.core.diff.calibrate import TARGET_KPIS as KPIS  # noqa: F401 (the per-env KPI means, every table's order)
 
 REPO = Path(__file__).resolve().parents[2]
 KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "AoI",

@@ -102,6 +102,10 @@ def _kpis(paths, sizes: tuple) -> dict:
     )
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
 def fit(stage, params: dict, out: dict, model: str) -> None:
     """Fit one model's constants; its KPIs on the sweep, uncalibrated and calibrated."""
     from isaac_net.core.diff import calibrate
@@ -131,7 +135,7 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
         slope_weight=float(params["slope_weight"]),
         targets=_kpis(out["train"], sizes),
         heldout_targets=_kpis(out["heldout"], sizes),
-        progress=True,
+        progress=_log,  # a line per grid choice, refinement and gradient check
         provenance={"stage": stage.name, "profile": stage.profile},
     )
     wall_fit = time.perf_counter() - t0

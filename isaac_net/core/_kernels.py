@@ -137,12 +137,12 @@ def _store() -> Path:
 
 # Inductor checks which vector instructions (AVX2, AVX-512, ...) it can build for on this machine
 # once per process: it compiles a probe and loads it in a new Python process for each candidate
-# (about 0.7 s, a seventh of a warm first call; about 5 s of a cold one, whose compiler headers
-# are not built yet). The store keeps the answer for the machine, the compiler and torch it was
-# found for; a later process that loads kept code and finds all the candidates were usable tells
-# inductor so (``cpp.vec_isa_ok``) while it loads, instead of probing. A cold compile, with no
-# answer yet, tells inductor the same (:func:`_compile_trusting_isa`): the kernel it builds with
-# the best candidate's instructions and loads is the probe, and its answer is kept.
+# (a noticeable part of a first call's time; docs/design.md, "Measurements and history"). The
+# store keeps the answer for the machine, the compiler and torch it was found for; a later
+# process that loads kept code and finds all the candidates were usable tells inductor so
+# (``cpp.vec_isa_ok``) while it loads, instead of probing. A cold compile, with no answer yet,
+# tells inductor the same (:func:`_compile_trusting_isa`): the kernel it builds with the best
+# candidate's instructions and loads is the probe, and its answer is kept.
 _ISA_RECORD = "vec_isa.json"
 
 
@@ -265,8 +265,8 @@ def _remember_isa() -> None:
 def probe_isa_in_background(device: torch.device | None) -> None:
     """Before a compile on the CPU: what inductor's vector-instruction probe builds even when told
     (:func:`_probe_isa`) run in another process meanwhile, once per process, where this one has no
-    answer yet and no other background compile runs (L1D's slot kernels probe as they compile: a
-    third process on two cores measured no faster).
+    answer yet and no other background compile runs (L1D's slot kernels probe as they compile, and
+    a third process competes for the same cores).
 
     Inductor reaches its probe only when it writes its first kernel, seconds after tracing began.
     Started at the compile's start on another core, the test programs are built into the shared

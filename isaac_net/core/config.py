@@ -76,14 +76,24 @@ class CellConfig:
 
     @property
     def is_calibrated(self) -> bool:
-        """Whether any calibration constant differs from the plain fluid physics."""
-        return (self.rate_factor, self.snr_offset_db, self.l1_sr_slots) != (1.0, 0.0, 0)
+        """Whether a constant that exists only for calibration (``CALIBRATION_ONLY``) differs from
+        its plain-physics default."""
+        return any(getattr(self, name) != _DEFAULTS[name] for name in CALIBRATION_ONLY)
 
     @property
     def noise_dbm(self) -> float:
         """Thermal noise in one subband at the gNB, dBm."""
         return -174.0 + 10.0 * math.log10(self.subband_hz) + self.noise_figure_db
 
+
+#: The constants that exist only for calibration: at their defaults they are the plain fluid
+#: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
+CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots")
+#: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
+#: the plain model has physical values of and a calibration refits (so a cell that differs in
+#: them alone is not calibrated).
+CALIBRATED_FIELDS = (*CALIBRATION_ONLY, "qa_sr_slots", "qa_snr_req_db")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CellConfig)}
 
 #: Transmit power, dBm (10 nW .. 1 kW): the range every level and DiffFluid accept as an input too.
 TX_DBM_RANGE = (-50.0, 60.0)

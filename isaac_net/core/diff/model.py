@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from collections.abc import Callable
 
 import torch
 
@@ -23,8 +24,6 @@ from isaac_net.core.diff import _l1_loop, relax
 from isaac_net.core.diff._l1_loop import TENSORS_PER_SLOT
 from isaac_net.core.diff._outputs import StepArgs, StepOut, split_rollout
 from isaac_net.core.diff._qa_step import QARollout, qa_step
-
-MODES = ("L1", "QA")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +80,7 @@ def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gat
     return served + share * se * kappa, tx_frac + busy * relax.smin(share, 1.0, tau)
 
 
-def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "recompute"):
+def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slots: str = "recompute"):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
     Latency floor (``cfg.l1_sr_slots = L > 0``): with ``g = smin(mass_before, 1)`` the probability
@@ -91,57 +90,83 @@ def _service_l1(x, w, mass_before, snr_lin, cfg: CellConfig, tau, slots: str = "
     c0)`` (``c0``: nothing served) and the robot counts as backlogged with weight ``g``; after them
     the bytes it has been offered are the expectation ``S_k - (1 - g) S_{L-1}``. Mixing completions
     rather than scaling the served bytes by ``g`` keeps ``log(served)`` away from 0 for a robot that
-    was nearly empty (a scaled rate made the gradients of mean-field sends explode). Exact at
+    was nearly empty (a scaled rate makes the gradients of mean-field sends explode). Exact at
     ``tau = 0`` (``g`` is 0 or 1); ``L = K``: the completion is the mixture to the end.
 
     :input mass_before: ``[E, R]`` the queue's mass before this step's capture.
+    :input headroom: unused (L1D has no headroom rule); the service rules share one signature.
     :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
         ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values (with a
         floor, one node for the first ``L`` slots, gated, and one for the rest, from the
-        expected bytes offered); ``"autograd"``, autograd through every slot of the recursion
-        below (the plain per-slot design, a baseline, and the reference the nodes are tested against).
+        expected bytes offered; :func:`_l1_slot_loops`); ``"autograd"``, autograd through every
+        slot of the recursion (:func:`_l1_recursion`: the plain per-slot design, a baseline, and
+        the reference the nodes are tested against).
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
         bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]`` and the bytes
         left per message ``rest`` ``[E, R, A]``.
     """
-    K, L = cfg.num_slots, cfg.l1_sr_slots
     cum = _fifo_cum(x)
     consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
     c0 = relax.soft_ge(torch.zeros_like(cum), cum, tau)  # nothing served yet
     if relax.is_hard(tau):
         def completion(s):
             return relax.soft_ge(s.unsqueeze(-1), cum, tau)
+        log_cum = None
     else:  # the completion needs only log(served) against log(cum), computed once
         log_cum = relax._log_pos(cum) / tau
 
         def completion(s):
             return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
     if not relax.is_hard(tau) and slots != "autograd":
-        # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
-        # is queued, 1 where none is) enters the loops as a constant.
-        loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
-                                 keep_tape=slots == "tape")
-        if L == 0:
-            served, tx_frac, c_sum = loop(c0.detach(), K)
-        else:  # the reference's two phases below, each one slot loop
-            gate = relax.smin(mass_before, 1.0, tau)  # P(the queue was not empty)
-            g3 = gate.unsqueeze(-1)
-            base, tx_frac, c_sum_ne = loop(c0.detach(), L, gate=gate)  # the not-empty case's first L slots
-            c_sum = L * c0 + g3 * (c_sum_ne - L * c0)  # the mixture's completions, summed
-            if L == K:  # the floor fills the step: a robot that was empty is not served at all
-                c_ne, _, rest_ne = relax.fifo_serve(x, cum, base.unsqueeze(-1), tau)
-                c = c0 + g3 * (c_ne - c0)
-                return c, c - c_sum / K, gate * base, tx_frac * cfg.slot_s, x + g3 * (rest_ne - x)
-            # After the floor, the completion of the expected bytes offered, S_k - (1 - g) S_{L-1}:
-            # a loop from gate * base whose first slot sees the mixture's completion.
-            c_mix = c0 + g3 * (completion(base) - c0)
-            served, tx_late, c_sum_late = loop(c_mix, K - L, served0=gate * base)
-            tx_frac, c_sum = tx_frac + tx_late, c_sum + c_sum_late
-        c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
-        # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
-        return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
+        return _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg, tau, consts,
+                              slots)
+    return _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau, consts)
+
+
+def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
+                   consts: tuple, slots: str):
+    """``_service_l1`` at ``tau > 0`` through ``_l1_loop``'s slot-loop nodes (without a floor one
+    loop of K slots; with one, the not-empty case's first ``L`` slots and then the rest).
+
+    :input log_cum: ``[E, R, A]`` ``log(cum) / tau``; :input c0: ``[E, R, A]`` the completion of
+        nothing served; :input completion: served bytes ``[E, R]`` -> completion ``[E, R, A]``.
+    :output: as ``_service_l1``.
+    """
+    K, L = cfg.num_slots, cfg.l1_sr_slots
+    # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
+    # is queued, 1 where none is) enters the loops as a constant.
+    loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
+                             keep_tape=slots == "tape")
+    if L == 0:
+        served, tx_frac, c_sum = loop(c0.detach(), K)
+    else:  # the recursion's two phases, each one slot loop
+        gate = relax.smin(mass_before, 1.0, tau)  # P(the queue was not empty)
+        g3 = gate.unsqueeze(-1)
+        base, tx_frac, c_sum_ne = loop(c0.detach(), L, gate=gate)  # the not-empty case's first L slots
+        c_sum = L * c0 + g3 * (c_sum_ne - L * c0)  # the mixture's completions, summed
+        if L == K:  # the floor fills the step: a robot that was empty is not served at all
+            c_ne, _, rest_ne = relax.fifo_serve(x, cum, base.unsqueeze(-1), tau)
+            c = c0 + g3 * (c_ne - c0)
+            return c, c - c_sum / K, gate * base, tx_frac * cfg.slot_s, x + g3 * (rest_ne - x)
+        # After the floor, the completion of the expected bytes offered, S_k - (1 - g) S_{L-1}:
+        # a loop from gate * base whose first slot sees the mixture's completion.
+        c_mix = c0 + g3 * (completion(base) - c0)
+        served, tx_late, c_sum_late = loop(c_mix, K - L, served0=gate * base)
+        tx_frac, c_sum = tx_frac + tx_late, c_sum + c_sum_late
+    c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
+    # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
+    return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
+
+
+def _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau, consts: tuple):
+    """``_service_l1`` slot by slot through :func:`_l1_slot` (the hard operations at ``tau = 0``,
+    autograd through every slot at ``tau > 0``). Inputs as :func:`_l1_slot_loops`.
+
+    :output: as ``_service_l1``.
+    """
+    K, L = cfg.num_slots, cfg.l1_sr_slots
     w_sum = w.sum(-1)
     gate = relax.smin(mass_before, 1.0, tau) if L > 0 else None  # P(the queue was not empty)
     g3 = None if gate is None else gate.unsqueeze(-1)
@@ -180,10 +205,11 @@ def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
     return relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
 
 
-def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: float):
+def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: float, slots: str = "recompute"):
     """QAD: one processor-sharing interval per step with PF gain, headroom cap ``headroom`` (``[E, R]``
     subbands, >= 1) and SR offset.
 
+    :param slots: unused (QAD has no slot loop); the service rules share one signature.
     :output: as ``_service_l1``.
     """
     cum = _fifo_cum(x)
@@ -245,7 +271,8 @@ class StepInputs(typing.NamedTuple):
     @staticmethod
     def _derived(snr_lin, deadline, cfg: CellConfig, mode: str, tau: float, tau_n: float) -> tuple:
         keep = relax.survival(deadline, cfg.timeout_steps, tau_n)
-        return keep, (qa_headroom(snr_lin, cfg, tau, tau_n) if mode == "QA" else None)
+        headroom = MODES[mode].headroom
+        return keep, (None if headroom is None else headroom(snr_lin, cfg, tau, tau_n))
 
 
 def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, mode: str, tau: float,
@@ -265,8 +292,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if _qa_fused(mode, compiled, tau, tau_n, slots, state.x.device):
-        out = qa_step(*tensors, tau, tau_n, cfg, compiled=compiled)
+    if _runs_fused(mode, compiled, tau, tau_n, slots, state.x.device):
+        out = MODES[mode].fused_step(*tensors, tau, tau_n, cfg, compiled=compiled)
     elif compiled and tau > 0 and tau_n > 0:
         out = _run_compiled(mode, slots, tensors, tau, tau_n, cfg)
     else:
@@ -278,11 +305,12 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     return FluidState(out.x, out.w, out.aoi), kpis
 
 
-def _qa_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str, device: torch.device) -> bool:
-    """Whether QAD runs through ``_qa_step``'s node (soft): not at tau = 0 (the hard operations), not
-    ``slots="autograd"`` (autograd through ``_step``), and not compiled unless on the CPU (where
-    the node's forward runs as a compiled kernel)."""
-    return (mode == "QA" and tau > 0 and tau_n > 0 and slots != "autograd"
+def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str,
+                device: torch.device) -> bool:
+    """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
+    soft only: not at tau = 0 (the hard operations), not ``slots="autograd"`` (autograd through
+    ``_step``), and not compiled unless on the CPU (where the node's forward runs as a compiled kernel)."""
+    return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slots != "autograd"
             and (not compiled or device.type == "cpu"))
 
 
@@ -297,7 +325,7 @@ def _compiled_step(mode: str, slots: str) -> Precompiled:
     loaded by a later process without tracing (:class:`~isaac_net.core._kernels.Precompiled`)."""
     key = (mode, slots)
     if key not in _COMPILED_STEPS:
-        before = _slot_kernels_in_background if mode == "L1" and slots != "autograd" else None
+        before = MODES[mode].before_compile if slots != "autograd" else None
         _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slots), tag=key, dim=0, before_compile=before)
     return _COMPILED_STEPS[key]
 
@@ -352,10 +380,7 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     overflow = send - w0  # send (1 - admit)
 
     # 2. Service.
-    if mode == "L1":
-        c, fin, served, tx_s, rest = _service_l1(x, w, mass_before, snr_lin, cfg, tau, slots)
-    else:
-        c, fin, served, tx_s, rest = _service_qa(x, w, mass_before, snr_lin, headroom, cfg, tau)
+    c, fin, served, tx_s, rest = MODES[mode].service(x, w, mass_before, snr_lin, headroom, cfg, tau, slots)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)
     done = w * c  # delivered mass per age slot
     delivered = done.sum(-1)
@@ -376,6 +401,48 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     energy_j = tx_w * tx_s
     return StepOut(x=x, w=w, aoi=aoi, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts,
                    overflow=overflow, energy_j=energy_j, queued_msgs=w.sum(-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """What differs between L1D and QAD: every dispatch on ``mode`` reads :data:`MODES`.
+
+    :field label: the model's name in messages (``"L1D"``, ``"QAD"``).
+    :field service: the service rule, ``(x, w, mass_before, snr_lin, headroom, cfg, tau, slots)
+        -> (c, fin, served, tx_s, rest)`` (shapes at :func:`_service_l1`).
+    :field sr_field: the ``CellConfig`` field of the latency floor, slots.
+    :field headroom: the derived input of the service rule, ``(snr_lin, cfg, tau, tau_n)`` ->
+        ``[E, R]`` subbands (QAD's headroom cap), built once per rollout; None: none.
+    :field snr_req_field: the ``CellConfig`` field of the headroom rule's per-subband SNR
+        requirement, dB (a constant a calibration may fit); None: no headroom rule.
+    :field fused_step: the soft step as one node with a hand-written backward
+        (``_qa_step.qa_step``); None: the reference step ``_step`` (L1D's slot loop a node inside it).
+    :field before_compile: run before a cold compile of the step (L1D: its slot kernels compiled
+        in another process meanwhile); None: nothing.
+    """
+
+    label: str
+    service: Callable
+    sr_field: str
+    headroom: Callable | None = None
+    snr_req_field: str | None = None
+    fused_step: Callable | None = None
+    before_compile: Callable | None = None
+
+
+MODES = {
+    "L1": Mode("L1D", _service_l1, "l1_sr_slots", before_compile=_slot_kernels_in_background),
+    "QA": Mode("QAD", _service_qa, "qa_sr_slots", headroom=qa_headroom, snr_req_field="qa_snr_req_db",
+               fused_step=qa_step),
+}
+
+
+def mode_spec(mode: str) -> Mode:
+    """The table entry of ``mode`` (a ValueError naming the choices for an unknown one)."""
+    try:
+        return MODES[mode]
+    except (KeyError, TypeError):  # TypeError: an unhashable mode
+        raise ValueError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}") from None
 
 
 class DiffFluid:
@@ -403,9 +470,8 @@ class DiffFluid:
         ``tau = 0`` or ``tau_n = 0`` the step runs eager (the hard operations). On the CPU, QAD
         (rollouts and step loops) runs its fused node with the forward compiled as one kernel a
         step (``_qa_step.FORWARD_KERNELS``) and the hand-written backward eager: compiling the
-        step whole, forward and backward (what runs on a GPU), took twice the cold compile here
-        (23 against 13 s) for slower rollouts (E = 16: 0.028-0.034 against 0.023-0.025 s;
-        E = 1024: 0.31-0.34 against 0.23 s; T = 60, one thread, side by side).
+        step whole, forward and backward (what runs on a GPU), compiles longer and rolls out
+        slower on the CPU (docs/design.md, "Measurements and history").
     :param checkpoint: L1D's slot loop keeps only ``served`` per slot (``[K, E, R]``) and its
         backward recomputes the rest (``True``), or keeps ~12 ``[E, R]`` values per slot for a
         third fewer ops in the eager backward (``False``). ``None`` (default): keep them
@@ -417,8 +483,7 @@ class DiffFluid:
                  dtype: torch.dtype = torch.float32, compile: bool = False, checkpoint: bool | None = None):
         _validate.check_dims(E, R)
         _validate.check_dtype(dtype)
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+        mode_spec(mode)
         self.cfg = cfg if cfg is not None else CellConfig()
         if not isinstance(self.cfg, CellConfig):
             raise TypeError(f"cfg: expected a CellConfig, got {type(self.cfg).__name__}")
@@ -528,7 +593,7 @@ class DiffFluid:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD at tau > 0, eager,
         and on the CPU with ``compile=True`` too, where the node's forward runs as a compiled kernel
         (``_qa_step.FORWARD_KERNELS``, as a step loop's) and its hand-written backward stays eager."""
-        return _qa_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots, self.device)
+        return _runs_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots, self.device)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).

@@ -1,0 +1,121 @@
+"""The model side of a calibration: the fluid model's KPIs at the operating points (forward, the
+candidates' constants batched through the inputs) and the check that its gradients are usable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from isaac_net.core import radio
+from isaac_net.core.config import CellConfig
+from isaac_net.core.diff.calibrate.loss import TARGET_KPIS, group_kpis
+from isaac_net.core.diff.calibrate.targets import Problem
+from isaac_net.core.diff.model import DiffFluid
+from isaac_net.core.diff.rollout import rollout
+
+# The gradient check's defaults: the half step in p of the model's own finite difference, and the
+# largest error of autograd against it (in units of |FD| + KPI_FLOOR |KPI|) that still counts as
+# usable; a backpropagation through time that explodes gives errors of 1e4 to 1e9.
+GRADIENT_H = 0.02
+GRADIENT_MAX_ERROR = 100.0
+KPI_FLOOR = 0.1  # the gradient check's error is |autograd - FD| / (|FD| + KPI_FLOOR |KPI|)
+
+
+def model_kpis(
+    mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float, candidates=None
+) -> dict:
+    """KPIs ``{kpi: [n_cand, n_points]}`` of the model at each point, forward only.
+
+    ``candidates``: ``[(rate_factor, snr_offset_db)]`` applied exactly through the inputs
+    (bytes ``B / rate_factor``, SNR ``snr_db + offset`` with the energy at the true power) in one
+    batched rollout on top of ``cfg``; None: ``cfg`` alone (one candidate).
+    """
+    cands = [(1.0, 0.0)] if candidates is None else list(candidates)
+    n = len(cands)
+    dt = prob.p.dtype
+    eta = torch.tensor([c[0] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
+    off = torch.tensor([c[1] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
+    snr = radio.snr_db(prob.pos, prob.tx_dbm, cfg).repeat(n, 1) + off
+    E, R = snr.shape
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=dt)
+    with torch.no_grad():
+        res = rollout(
+            net,
+            prob.T,
+            prob.p.repeat(n, 1),
+            prob.B.repeat(n, 1) / eta,
+            snr_db=snr,
+            tx_dbm=prob.tx_dbm.repeat(n, 1),
+            warmup=prob.warmup,
+            sends=sends,
+            u=prob.u.repeat(1, n, 1) if sends != "mean_field" else None,
+            lam=lam,
+        )
+    return {k: v.double().view(n, -1) for k, v in group_kpis(res, n * len(prob.points)).items()}
+
+
+def _rollout_kpis(mode: str, sends: str, prob: Problem, cfg: CellConfig, p: torch.Tensor, *, tau: float,
+                  lam: float) -> dict:
+    """Batch KPIs ``{kpi: [n_points]}`` of the model with constants ``cfg`` at the send probabilities
+    ``p`` ``[E, R]`` (the rest of ``prob``'s inputs), differentiable where grad is on."""
+    E, R = p.shape
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=p.dtype)
+    res = rollout(net, prob.T, p, prob.B, pos=prob.pos, tx_dbm=prob.tx_dbm, warmup=prob.warmup, sends=sends,
+                  u=prob.u if sends != "mean_field" else None, lam=lam)
+    return group_kpis(res, len(prob.points))
+
+
+def check_gradients(mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float,
+                   h: float = GRADIENT_H, max_error: float = GRADIENT_MAX_ERROR) -> dict:
+    """Whether the model's gradients are usable with the constants of ``cfg``: at each point of
+    ``prob``, the autograd derivative of every KPI with respect to a common shift of p (one
+    backward per KPI) against the model's own central finite difference with the half step ``h``
+    (smaller where p is within ``2 h`` of 0 or 1), both on the same sends.
+
+    A backpropagation through time that is unstable (a state map that expands, step after step)
+    gives derivatives many orders of magnitude above the finite difference, which stays of the
+    size of the KPI's change: the error ``|autograd - FD| / (|FD| + KPI_FLOOR |KPI|)`` measures it.
+    A point at ``p = 0`` or ``p = 1`` is left out (``skipped``): p cannot move both ways there, so
+    there is no central difference, and at ``p = 0`` nothing is delivered and the delay has no value.
+
+    :output: ``{"stable": worst error <= max_error, "worst_error", "kpi", "point", "autograd",
+        "fd"}`` (the last four where the error is worst), plus ``h``, ``max_error``, ``kpi_floor``
+        and, where some points were left out, ``skipped`` (their points).
+    """
+    n = len(prob.points)
+    per_point = torch.tensor([pt[0] for pt in prob.points], dtype=torch.float64)
+    h_pt = torch.minimum(torch.full_like(per_point, float(h)), torch.minimum(per_point, 1.0 - per_point) / 2)
+    h_pt = h_pt.clamp_min(1e-4).to(prob.p.dtype)
+    inside = (per_point > 0) & (per_point < 1)
+
+    def envs(v):  # [n_points] -> [E, 1], point i's envs
+        return v.repeat_interleave(prob.envs).unsqueeze(-1)
+
+    opts = dict(tau=tau, lam=lam)
+    shift = torch.zeros(n, dtype=prob.p.dtype, requires_grad=True)
+    with torch.enable_grad():
+        base = _rollout_kpis(mode, sends, prob, cfg, prob.p + envs(shift), **opts)
+        grads = {}
+        for i, k in enumerate(TARGET_KPIS):
+            (grads[k],) = torch.autograd.grad(base[k].sum(), shift, retain_graph=i < len(TARGET_KPIS) - 1)
+    with torch.no_grad():
+        up = _rollout_kpis(mode, sends, prob, cfg, (prob.p + envs(h_pt)).clamp(0.0, 1.0), **opts)
+        down = _rollout_kpis(mode, sends, prob, cfg, (prob.p - envs(h_pt)).clamp(0.0, 1.0), **opts)
+    worst = {"worst_error": 0.0, "kpi": None, "point": None, "autograd": None, "fd": None}
+    for k in TARGET_KPIS:
+        g = grads[k].double()
+        fd = (up[k] - down[k]).double() / (2.0 * h_pt.double())
+        err = (g - fd).abs() / (fd.abs() + KPI_FLOOR * base[k].detach().double().abs())
+        err = torch.where(torch.isfinite(err), err, math.inf)
+        err = torch.where(inside, err, 0.0)  # no central difference at p = 0 or 1
+        i = int(err.argmax())
+        if float(err[i]) > worst["worst_error"] or worst["kpi"] is None:
+            worst = {"worst_error": float(err[i]), "kpi": k, "point": list(prob.points[i]),
+                     "autograd": float(g[i]), "fd": float(fd[i])}
+    stable = worst["worst_error"] <= max_error
+    skipped = [list(pt) for pt, keep in zip(prob.points, inside.tolist(), strict=True) if not keep]
+    return {"stable": stable, **worst, "h": float(h), "max_error": float(max_error), "kpi_floor": KPI_FLOOR,
+            **({"skipped": skipped} if skipped else {})}
+
