@@ -103,15 +103,10 @@ def model_name(spec: dict) -> str:
 def _proxy_cost(proxy, dec: dict, cfg, cost: dict) -> torch.Tensor:
     """Cost ``[E]`` from the proxy's per-robot KPIs: expected counts per robot (sends p, delivered
     p delivery) combined as the env KPIs are (totals over totals, means)."""
-    from isaac_net.core import radio
-    from isaac_net.core.kpi import MIN_COUNT_MSGS
+    from isaac_net.core import kpi, radio
 
     k = proxy.predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
-    delivered = dec["p"] * k["delivery"]
-    env = {"mean_delay": (delivered * k["delay"]).sum(-1) / delivered.sum(-1).clamp_min(MIN_COUNT_MSGS),
-           "delivery_ratio": delivered.sum(-1) / dec["p"].sum(-1).clamp_min(MIN_COUNT_MSGS),
-           "mean_aoi": k["aoi"].mean(-1), "mean_energy_j": k["energy_j"].mean(-1)}
-    return env_cost(env, cost)
+    return env_cost(kpi.batch_kpis(kpi.expected_totals(dec["p"], k), dim=-1), cost)
 
 
 def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cfg, proxy=None,

@@ -106,10 +106,10 @@ def inputs_at(base: dict, shift: dict, n_seeds: int) -> dict:
 
 
 def replicate_kpis(res: dict, n_seeds: int) -> dict:
-    """Per-replicate batch KPIs ``[n_seeds]`` from a rollout's per-robot totals (totals over totals)."""
-    from isaac_net.core.diff.calibrate import group_kpis
+    """Per-replicate batch KPIs ``[n_seeds]`` from a rollout's per-robot totals (the KPI registry's)."""
+    from isaac_net.core.kpi import grouped_batch_kpis
 
-    return group_kpis(res, n_seeds)
+    return grouped_batch_kpis(res, n_seeds)
 
 
 def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
