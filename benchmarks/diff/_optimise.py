@@ -28,10 +28,10 @@ except ImportError:  # imported as benchmarks.diff._optimise (tests)
 
 
 def env_kpis(res: dict) -> dict:
-    """Per-env KPIs ``[E]`` from a rollout's per-robot totals (totals over totals, as the batch means)."""
-    from isaac_net.core.diff.calibrate import group_kpis
+    """Per-env KPIs ``[E]`` from a rollout's per-robot totals (the KPI registry's batch reductions)."""
+    from isaac_net.core.kpi import grouped_batch_kpis
 
-    return group_kpis(res, res["offered"].shape[0])
+    return grouped_batch_kpis(res, res["offered"].shape[0])
 
 
 def env_cost(k: dict, c: dict) -> torch.Tensor:
