@@ -32,6 +32,8 @@ def assert_equivalent(ref, out):
         assert torch.equal(ref[k], out[k]), k
     torch.testing.assert_close(out["delay_sum"], ref["delay_sum"], rtol=TOL["delay_sum_rel"], atol=1e-9)
     torch.testing.assert_close(out["energy_j"], ref["energy_j"], rtol=TOL["energy_rel"], atol=1e-12)
+    torch.testing.assert_close(out["throughput_bytes_per_s"], ref["throughput_bytes_per_s"],
+                               rtol=TOL["throughput_rel"], atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -125,7 +127,8 @@ def test_gradcheck_float64(mode, calibrated):
     def kpis(p, B, tx, pos, dl):
         net = DiffFluid(2, 3, mode=mode, tau=0.1, cfg=cfg, dtype=F64)
         k = rollout(net, 4, p, B, pos=pos, tx_dbm=tx, deadline=dl)
-        return torch.stack([k["mean_delay"], k["delivery_ratio"], k["mean_aoi"], 1e4 * k["mean_energy_j"]])
+        return torch.stack([k["mean_delay"], k["delivery_ratio"], k["mean_aoi"], 1e4 * k["mean_energy_j"],
+                            1e-6 * k["mean_throughput_bytes_per_s"]])
 
     out = kpis(*inputs)
     assert bool(torch.isfinite(out).all())

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from isaac_net.core import kpi
+from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import DiffFluid, rollout
 from isaac_net.core.diff.calibrate import group_kpis
 from isaac_net.core.diff.reference import discrete_rollout
@@ -88,3 +89,80 @@ def test_every_model_gives_every_registered_kpi(mode, tau):
     step = net.step(x["p"], x["B"], snr_db=x["snr_db"])
     for k in kpi.KPIS:
         assert k.total in step and (k.per is None or k.per in step), k.key
+
+
+# ----------------------------------------------------------------------------- throughput
+STEP_S = CellConfig().step_s
+
+
+def _steps(level, sizes, snr_db, send=True):
+    """One robot sending a message of ``sizes[t]`` bytes at every step ``t``: the accumulated result."""
+    eng = make_engine(level, 1, 1, seed=0, dtype=torch.float64)
+    acc = kpi.KpiAccumulator(0)
+    for b in sizes:
+        acc.add(eng.step(torch.tensor([[send]]), torch.tensor([[b]], dtype=torch.float64),
+                         torch.tensor([[snr_db]], dtype=torch.float64)))
+    return acc.result()
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_throughput_counts_each_delivered_message_at_its_own_size(level):
+    """A strong link delivers each message in its step: 1000 + 3000 + 1000 + 3000 bytes in 4 steps."""
+    res = _steps(level, [1000.0, 3000.0, 1000.0, 3000.0], snr_db=40.0)
+    assert float(res["delivered"]) == 4.0
+    want = 8000.0 / (4 * STEP_S)
+    assert float(res["throughput_bytes_per_s"]) == pytest.approx(want, rel=1e-12)
+    assert float(res["mean_throughput_bytes_per_s"]) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("level", ["L1", "QA"])
+def test_throughput_ignores_undelivered_bytes(level):
+    """A link too weak to finish any 200 kB message in the rollout serves bytes but delivers none."""
+    res = _steps(level, [2e5] * 3, snr_db=-25.0)
+    assert float(res["delivered"]) == 0.0
+    assert float(res["throughput_bytes_per_s"]) == 0.0
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_throughput_is_delivered_messages_times_size_over_time(level):
+    """With one size per robot, the goodput is delivered * B over the counted steps' duration."""
+    x = _inputs(T=12)
+    res = discrete_rollout(level, 12, x["p"], x["B"], snr_db=x["snr_db"], u=x["u"], warmup=2, seed=0)
+    assert float(res["delivered"].sum()) > 0
+    want = res["delivered"] * x["B"] / (res["num_steps"] * STEP_S)
+    torch.testing.assert_close(res["throughput_bytes_per_s"], want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(res["mean_throughput_bytes_per_s"], want.mean(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_relaxed_throughput_is_delivered_mass_times_size(mode):
+    x = _inputs(T=8)
+    net = DiffFluid(2, 3, mode=mode, tau=0.1, dtype=torch.float64)
+    res = rollout(net, 8, x["p"], x["B"], snr_db=x["snr_db"], warmup=1)
+    want = res["delivered"] * x["B"] / (res["num_steps"] * STEP_S)
+    torch.testing.assert_close(res["throughput_bytes_per_s"], want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_throughput_gradient_of_the_hand_written_backward_equals_autograd(mode):
+    """d throughput / d (p, B, tx): the fused / slot-loop nodes against autograd through every op."""
+    x = _inputs(T=6)
+
+    def grads(slots):
+        p, B = x["p"].clone().requires_grad_(), x["B"].clone().requires_grad_()
+        net = DiffFluid(2, 3, mode=mode, tau=0.1, dtype=torch.float64)
+        net.slots = slots
+        res = rollout(net, 6, p, B, snr_db=x["snr_db"])
+        return torch.autograd.grad(res["mean_throughput_bytes_per_s"], (p, B))
+
+    for a, b in zip(grads("tape"), grads("autograd"), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        assert b.abs().sum() > 0
+
+
+def test_throughput_is_not_calibrated_nor_learned_by_the_proxy():
+    from isaac_net.core.diff import proxy
+
+    entry = kpi.BY_KEY["throughput_bytes_per_s"]
+    assert entry.loss_weight == 0.0 and not entry.proxy_target
+    assert proxy.TARGETS == ("delay", "delivery", "aoi", "energy_j")

@@ -20,6 +20,7 @@ class Totals(typing.NamedTuple):
     overflow: torch.Tensor  # messages
     aoi: torch.Tensor  # control steps, end-of-step AoI summed over steps
     energy_j: torch.Tensor  # J
+    throughput_bytes_per_s: torch.Tensor  # B/s, the delivered messages' bytes over the step's duration
 
 
 #: The per-step KPIs summed over a rollout, and all KPIs of a step (every level's ``step``), in one order.
@@ -71,6 +72,10 @@ KPIS = (
         loss_weight=1.0, loss_unit=None, proxy_target=True),
     Kpi("energy_j", "mean_energy_j", "J per control step", "energy", total="energy_j", per=None,
         loss_weight=0.5, loss_unit=None, proxy_target=True),
+    # Goodput: only delivered messages count, each with its size at capture. Not calibrated (weight 0)
+    # and not a proxy target (the proxy's file keeps its four heads).
+    Kpi("throughput_bytes_per_s", "mean_throughput_bytes_per_s", "B/s", "throughput",
+        total="throughput_bytes_per_s", per=None, loss_weight=0.0, loss_unit=None, proxy_target=False),
 )
 BY_KEY = {k.key: k for k in KPIS}
 BY_BATCH_KEY = {k.batch_key: k for k in KPIS}
@@ -157,13 +162,15 @@ class KpiAccumulator:
     Per robot ``[E, R]``: ``delay`` = delay sum / delivered (control steps; NaN where
     nothing was delivered), ``delivery`` = delivered / offered (NaN where nothing was
     offered), ``aoi`` = mean end-of-step AoI (control steps, >= 1), ``energy_j`` = mean
-    transmit energy per control step. Batch means (0-dim): ``mean_delay`` and ``delivery_ratio``
-    are totals over totals, the denominator floored at ``MIN_COUNT_MSGS``: when nothing was
-    delivered ``mean_delay`` is 0 (no delivered message has a delay) and when nothing was
-    offered ``delivery_ratio`` is 0, finite with finite gradients (a float32 rollout whose
-    deliveries underflow gives the same); ``mean_aoi`` and ``mean_energy_j`` are means over
-    robots and steps. The totals (``offered, delivered, delay_sum, timeouts, overflow``) and
-    the final ``queued_msgs`` are returned too.
+    transmit energy per control step, ``throughput_bytes_per_s`` = the delivered messages'
+    bytes over the counted steps' duration (B/s: the mean of the per-step values, each over
+    ``cfg.step_s``). Batch means (0-dim): ``mean_delay`` and ``delivery_ratio`` are totals
+    over totals, the denominator floored at ``MIN_COUNT_MSGS``: when nothing was delivered
+    ``mean_delay`` is 0 (no delivered message has a delay) and when nothing was offered
+    ``delivery_ratio`` is 0, finite with finite gradients (a float32 rollout whose deliveries
+    underflow gives the same); ``mean_aoi``, ``mean_energy_j`` and
+    ``mean_throughput_bytes_per_s`` are means over robots and steps. The totals (``offered,
+    delivered, delay_sum, timeouts, overflow``) and the final ``queued_msgs`` are returned too.
 
     :input queued_start: ``[E, R]`` messages queued before the first step (None: none).
     """

@@ -252,8 +252,10 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     w_next = _shift_older(kept)
     x_next = _shift_older(rest * keep)
     energy_j = tx_w * tx_s
+    throughput = delivered * msg_bytes * k.inv_step_s
     outputs = StepOut(x=x_next, w=w_next, aoi=aoi_next, delivered=delivered, delay_sum=delay_sum,
-                      timeouts=timeouts, overflow=overflow, energy_j=energy_j, queued_msgs=w_next.sum(0))
+                      timeouts=timeouts, overflow=overflow, energy_j=energy_j,
+                      throughput_bytes_per_s=throughput, queued_msgs=w_next.sum(0))
     return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
                           admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
                           ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
@@ -324,6 +326,9 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_x_next, g_w_next, g_aoi_next, g_queued = grads.x, grads.w, grads.aoi, grads.queued_msgs
     g_delivered, g_delay, g_timeouts = grads.delivered, grads.delay_sum, grads.timeouts
     g_overflow, g_energy = grads.overflow, grads.energy_j
+    # throughput = delivered B / T_step: into delivered's gradient (and B's, below)
+    g_tput = grads.throughput_bytes_per_s * k.inv_step_s
+    g_delivered = g_delivered + g_tput * s.msg_bytes
 
     # 3. Shift, ageing, timeouts: w_next = shift(w2 keep), x_next = shift(rest keep), queued = sum w_next,
     # timeouts = sum(w2 - w2 keep).
@@ -409,7 +414,7 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_w1 += (g_busy + g_n) * s.d_busy
     # Capture: w1 = w with w1_0 = w0, x1 = x with x1_0 = w0 B; overflow = send - w0; w0 = send admit.
     g_w0 = g_w1[0] + g_x1[0] * s.msg_bytes - g_overflow
-    g_bytes = g_x1[0] * s.w0 if needs.msg_bytes else None
+    g_bytes = g_x1[0] * s.w0 + g_tput * s.done.sum(0) if needs.msg_bytes else None
     g_send = g_overflow + g_w0 * s.admit
     g_m0 -= g_w0 * s.send * s.admit * (k.one - s.admit) * k.inv_tau_n
     g_x = g_x1  # x_0 is overwritten by the capture
@@ -439,7 +444,7 @@ def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts,
         if t >= warmup:
             step = Totals(offered=send_t + queued_start if t == warmup else send_t, delivered=out.delivered,
                           delay_sum=out.delay_sum, timeouts=out.timeouts, overflow=out.overflow, aoi=out.aoi,
-                          energy_j=out.energy_j)
+                          energy_j=out.energy_j, throughput_bytes_per_s=out.throughput_bytes_per_s)
             if totals is None:
                 totals = Totals._make(v.clone() for v in step)
             else:
@@ -464,7 +469,8 @@ def _rollout_backward(tape, g_end: RolloutEnd, g_tot: Totals, send_shape, T: int
         g_queued_t = g_end.queued_msgs if t == T - 1 else (g_tot.offered if t == warmup - 1 else zero)
         step_grads = StepOut(x=g_x, w=g_w, aoi=g_aoi + g_tot.aoi if counted else g_aoi,
                              delivered=kpi.delivered, delay_sum=kpi.delay_sum, timeouts=kpi.timeouts,
-                             overflow=kpi.overflow, energy_j=kpi.energy_j, queued_msgs=g_queued_t)
+                             overflow=kpi.overflow, energy_j=kpi.energy_j,
+                             throughput_bytes_per_s=kpi.throughput_bytes_per_s, queued_msgs=g_queued_t)
         g = _backward(tape[t], step_grads, k, needs)
         g_x, g_w, g_aoi = g.x, g.w, g.aoi
         if free:
@@ -494,7 +500,7 @@ class QARollout(torch.autograd.Function):
     ``(*StepArgs) -> (*RolloutEnd, *kpi.Totals)`` (:func:`~._outputs.split_rollout` names them) with
     ``send`` ``[E, R]`` (the same at every step) or ``[T, E, R]``, and the totals over steps
     ``t >= warmup``: ``_forward`` and
-    ``_backward`` step after step, one node instead of ``T`` step nodes and the ``7 T`` additions
+    ``_backward`` step after step, one node instead of ``T`` step nodes and the ``8 T`` additions
     of the KPI totals, which autograd would record and replay one by one (``qa_step``: ``T = 1``).
     Both walks run under ``torch.inference_mode`` (no version counters or view tracking: ~5 %
     less per op); what leaves the node is copied out of it. Keeps each step's ~45 intermediates
@@ -548,4 +554,4 @@ def qa_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau: floa
                                              tau, tau_n, cfg, compiled))
     return StepOut(x=end.x, w=end.w, aoi=end.aoi, delivered=tot.delivered, delay_sum=tot.delay_sum,
                    timeouts=tot.timeouts, overflow=tot.overflow, energy_j=tot.energy_j,
-                   queued_msgs=end.queued_msgs)
+                   throughput_bytes_per_s=tot.throughput_bytes_per_s, queued_msgs=end.queued_msgs)
