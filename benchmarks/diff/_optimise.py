@@ -106,7 +106,8 @@ def _proxy_cost(proxy, dec: dict, cfg, cost: dict) -> torch.Tensor:
     from isaac_net.core import kpi, radio
 
     k = proxy.predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
-    return env_cost(kpi.batch_kpis(kpi.expected_totals(dec["p"], k), dim=-1), cost)
+    totals = kpi.expected_totals(dec["p"], k, kpi.PROXY_KPIS)
+    return env_cost(kpi.batch_kpis(totals, dim=-1, kpis=kpi.PROXY_KPIS), cost)
 
 
 def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cfg, proxy=None,
@@ -157,9 +158,10 @@ def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cf
         return {k: v.detach() for k, v in decisions(theta).items()}, hist
 
 
-def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=None) -> dict:
+def random_search(sc: dict, params: dict, decisions, progress=True, *, level_cfg=None) -> dict:
     """Best of ``candidates`` random decisions per env, scored on the discrete level with the
-    training sends. ``sample(n, gen) -> dec`` with envs repeated ``n`` times (candidate-major)."""
+    training sends. ``decisions.sample(n, gen) -> dec`` with envs repeated ``n`` times
+    (candidate-major), plus ``decisions.extra_cost(dec)``."""
     dtype = sc["B"].dtype
     E, R = sc["B"].shape
     cfg = level_cfg
@@ -168,7 +170,7 @@ def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=No
     per_chunk = max(1, int(params["rs_chunk_envs"]) // E)
     best_cost = torch.full((E,), math.inf, dtype=torch.float64)
     best = None
-    every = sample(n, gen)  # all candidates up front: the draw does not depend on the chunking
+    every = decisions.sample(n, gen)  # all candidates up front: the draw does not depend on the chunking
     starts = list(range(0, n, per_chunk))
     it = starts if not progress else tqdm(starts, desc="random search", mininterval=2.0)
     for s in it:
@@ -177,7 +179,7 @@ def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=No
         u = sc["u_train"].repeat(1, m, 1)
         k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), dec, u,
                            cfg=cfg, seed=int(params["seed"]), dtype=dtype)
-        c = (env_cost(k, params["cost"]) + sample.extra_cost(dec).cpu()).reshape(m, E)
+        c = (env_cost(k, params["cost"]) + decisions.extra_cost(dec).cpu()).reshape(m, E)
         c = torch.where(torch.isfinite(c), c, torch.full_like(c, math.inf))
         cmin, arg = c.min(0)
         better = cmin < best_cost
@@ -238,17 +240,6 @@ def paired_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int, seed: int) -> tup
     return float(d.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-class _Sampler:
-    def __init__(self, decisions):
-        self.d = decisions
-
-    def __call__(self, n, gen):
-        return self.d.sample(n, gen)
-
-    def extra_cost(self, dec):
-        return self.d.extra_cost(dec)
-
-
 def load_proxy(path, params: dict, cfg):
     """The neural proxy of the nn_proxy stage, checked against the study's R and cell."""
     from isaac_net.core.diff import proxy as px
@@ -286,7 +277,7 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
                                               proxy=proxy, tau_min=tau_min, progress=progress)
         wall[name] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sols["random search"] = random_search(sc, params, _Sampler(decisions), progress, level_cfg=cfg)
+    sols["random search"] = random_search(sc, params, decisions, progress, level_cfg=cfg)
     wall["random search"] = time.perf_counter() - t0
     uniform = None
     if "uniform" in params:

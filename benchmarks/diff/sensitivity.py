@@ -50,7 +50,8 @@ except ImportError:  # imported as benchmarks.diff.sensitivity (tests)
 
 INPUTS = ("p", "kbytes", "tx_db", "dist_m")
 INPUT_LABEL = {"p": "p", "kbytes": "kB", "tx_db": "tx dB", "dist_m": "dist m"}
-SENDS = {"mf": "mean_field", "rb": "relaxed"}
+#: The rollout send model of each short code of the study's model names.
+SEND_MODEL_OF_CODE = {"mf": "mean_field", "rb": "relaxed"}
 ZERO_RATIO = 1e-3  # |model / FD| below this counts as a zero model gradient (a sign disagreement)
 WITHIN = 2.0  # "ratio within x2": 1 / WITHIN <= model / FD <= WITHIN
 VERDICTS = ("sign_ok", "sign_wrong", "fd_not_resolved", "model_zero")
@@ -122,7 +123,7 @@ def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dic
     x = inputs_at(base, shift, n_seeds)
     net = DiffFluid(E, R, dev, mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
     res = rollout(net, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
-                  sends=SENDS[sends], u=base["u"] if sends == "rb" else None, lam=lam)
+                  sends=SEND_MODEL_OF_CODE[sends], u=base["u"] if sends == "rb" else None, lam=lam)
     k = replicate_kpis(res, n_seeds)
     grads = {}
     for i, kpi in enumerate(KPIS):
@@ -177,7 +178,7 @@ def load_calibrations(path: str | None, params: dict) -> dict:
         return {}
     from isaac_net.core.diff.calibrate import Calibration
 
-    return {(m, sd): Calibration.load(path, mode=m, sends=SENDS[sd]) for m in params["modes"]
+    return {(m, sd): Calibration.load(path, mode=m, sends=SEND_MODEL_OF_CODE[sd]) for m in params["modes"]
             for sd in params["sends"]}
 
 

@@ -77,6 +77,8 @@ KPIS = (
     Kpi("throughput_bytes_per_s", "mean_throughput_bytes_per_s", "B/s", "throughput",
         total="throughput_bytes_per_s", per=None, loss_weight=0.0, loss_unit=None, proxy_target=False),
 )
+#: The KPIs the neural proxy predicts, in its heads' order.
+PROXY_KPIS = tuple(k for k in KPIS if k.proxy_target)
 BY_KEY = {k.key: k for k in KPIS}
 BY_BATCH_KEY = {k.batch_key: k for k in KPIS}
 #: The batch keys, in the registry's order.
@@ -107,16 +109,17 @@ def per_robot_kpis(totals: dict, num_steps: int) -> dict:
     return out
 
 
-def batch_kpis(totals: dict, num_steps: int = 1, dim=None) -> dict:
+def batch_kpis(totals: dict, num_steps: int = 1, dim=None, kpis: tuple = KPIS) -> dict:
     """Batch KPIs ``{batch_key: ...}`` reduced over ``dim`` (None: every robot of every env) from
     per-robot values ``{name: [..., R]}``: a ratio KPI from its totals ``total`` and ``per`` (totals
     over totals, the denominator floored at ``MIN_COUNT_MSGS``), a step-mean KPI from ``total``
     summed over ``num_steps`` steps (or, with ``num_steps = 1``, its per-robot mean), averaged.
 
     The one batch reduction: ``KpiAccumulator.result`` (over everything), the optimisation's proxy
-    cost and the sensitivity's replicates (over each env's or group's robots, ``dim=-1``)."""
+    cost and the sensitivity's replicates (over each env's or group's robots, ``dim=-1``). ``kpis``: the
+    registry entries to reduce (default all)."""
     out = {}
-    for k in KPIS:
+    for k in kpis:
         if k.per is None:
             out[k.batch_key] = _mean(totals[k.total], dim) / num_steps
         else:
@@ -131,13 +134,13 @@ def grouped_batch_kpis(res: dict, n_groups: int) -> dict:
     return batch_kpis({n: res[n].reshape(n_groups, -1) for n in names}, dim=-1)
 
 
-def expected_totals(offered: torch.Tensor, per_robot: dict) -> dict:
+def expected_totals(offered: torch.Tensor, per_robot: dict, kpis: tuple = KPIS) -> dict:
     """Per-robot values for :func:`batch_kpis` from predicted per-robot KPIs ``per_robot`` (``{key:
     [..., R]}``, e.g. the proxy's) and the messages offered per step ``offered``: each ratio KPI's
     expected total is its denominator's times the KPI (delivered = offered delivery, delay sum =
-    delivered delay), the step-mean KPIs their per-robot means."""
+    delivered delay), the step-mean KPIs their per-robot means; for the registry entries ``kpis``."""
     out = {"offered": offered}
-    pending = [k for k in KPIS if k.per is not None]
+    pending = [k for k in kpis if k.per is not None]
     while pending:  # a denominator may itself be a ratio KPI's total (delay per delivered message)
         ready = [k for k in pending if k.per in out]
         if not ready:
@@ -145,7 +148,7 @@ def expected_totals(offered: torch.Tensor, per_robot: dict) -> dict:
         for k in ready:
             out[k.total] = out[k.per] * per_robot[k.key]
             pending.remove(k)
-    out.update({k.total: per_robot[k.key] for k in KPIS if k.per is None})
+    out.update({k.total: per_robot[k.key] for k in kpis if k.per is None})
     return out
 
 

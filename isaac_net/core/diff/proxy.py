@@ -62,7 +62,7 @@ INPUTS = ("p", "msg_bytes", "snr_db", "ctx_rate", "ctx_load_kb", "ctx_snr_db")
 
 #: Per-robot KPIs the proxy predicts (the keys of the engine's per-robot rollout result):
 #: delay (control steps), delivery ratio, mean AoI (control steps), energy per step (J).
-TARGETS = tuple(k.key for k in kpi.KPIS if k.proxy_target)
+TARGETS = tuple(k.key for k in kpi.PROXY_KPIS)
 
 #: Targets predicted through a sigmoid (within [0, 1] by construction).
 PROB_TARGETS = ("delivery",)
