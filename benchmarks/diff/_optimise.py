@@ -289,6 +289,27 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
     wall["scoring"] = time.perf_counter() - t0
     by = {r["solution"]: r for r in rows}
     n_boot, seed = int(params.get("n_boot", 2000)), int(params["seed"])
+    comparisons = compare_to_baselines(sols, by, n_boot, seed)
+    targets = check_targets(params.get("targets"), comparisons)
+    summary = {"level": params["level"], "E": E, "R": R, "iters": int(params["iters"]),
+               "candidates": int(params["candidates"]), "T": int(params["T"]),
+               "T_eval": int(params["T_eval"]),
+               "tau_start": float(params["tau_start"]), "tau_end": float(params["tau_end"]),
+               "models": len(specs), "ci_pct": 95}
+    table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
+                 for name, sol in sols.items()}
+    return {"summary": summary, "table": table, "comparisons": comparisons, "targets": targets,
+            "history": hist,
+            "uniform_policy": uniform, "solutions_mean": solutions, "wall_s": wall, "config": params,
+            "env_costs": {r["solution"]: r["_env_cost"].tolist() for r in rows},
+            "_sols": sols, "_sc": sc}
+
+
+def compare_to_baselines(sols: dict, by: dict, n_boot: int, seed: int) -> list:
+    """One row per gradient solution: its cost and delivery, and against each baseline scored
+    (start, random search, uniform policy) the paired difference of the per-env costs with its
+    bootstrap interval, the share of envs it is better on and the verdict."""
     comparisons = []
     for name in (n for n in sols if n.startswith("gradient")):
         g = by[name]["_env_cost"]
@@ -303,8 +324,13 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
             # better: the whole interval below 0; worse: above; otherwise no worse (within the CI)
             row[f"vs_{key}"] = "better" if hi < 0 else ("worse" if lo > 0 else "tie")
         comparisons.append(row)
+    return comparisons
+
+
+def check_targets(t: dict | None, comparisons: list) -> dict | None:
+    """The study's targets (``params["targets"]``) checked on ``compare_to_baselines``'s rows: None
+    without targets; else whether the named solution was run and which targets it met."""
     targets = None
-    t = params.get("targets")
     if t:
         row = next((r for r in comparisons if r["solution"] == t["solution"]), None)
         targets = {"solution": t["solution"], "available": row is not None}
@@ -319,19 +345,7 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
             if t.get("uniform_no_worse") and "vs_uniform_policy" in row:
                 checks["uniform_no_worse"] = row["vs_uniform_policy"] != "worse"
             targets.update({f"{k}_met": v for k, v in checks.items()}, met=all(checks.values()))
-    summary = {"level": params["level"], "E": E, "R": R, "iters": int(params["iters"]),
-               "candidates": int(params["candidates"]), "T": int(params["T"]),
-               "T_eval": int(params["T_eval"]),
-               "tau_start": float(params["tau_start"]), "tau_end": float(params["tau_end"]),
-               "models": len(specs), "ci_pct": 95}
-    table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
-                 for name, sol in sols.items()}
-    return {"summary": summary, "table": table, "comparisons": comparisons, "targets": targets,
-            "history": hist,
-            "uniform_policy": uniform, "solutions_mean": solutions, "wall_s": wall, "config": params,
-            "env_costs": {r["solution"]: r["_env_cost"].tolist() for r in rows},
-            "_sols": sols, "_sc": sc}
+    return targets
 
 
 def write(stage, payload: dict, out: dict, title: str) -> None:
