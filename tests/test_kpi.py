@@ -166,3 +166,25 @@ def test_throughput_is_not_calibrated_nor_learned_by_the_proxy():
     entry = kpi.BY_KEY["throughput_bytes_per_s"]
     assert entry.loss_weight == 0.0 and not entry.proxy_target
     assert proxy.TARGETS == ("delay", "delivery", "aoi", "energy_j")
+
+
+def test_calibration_figure_reads_its_panels_from_the_registry(tmp_path):
+    """The calibration sweep's panels and y-labels come from the registry: on a sweep holding the
+    calibration's four KPIs (and throughput), the figure's panels as before (delay, delivery, AoI),
+    with the same labels."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "diff"))
+    import _plots
+
+    held = [k.batch_key for k in kpi.KPIS]  # the four calibrated KPIs and throughput
+    curves = {k: [1.0, 2.0] for k in held}
+    sweep = {"points": [[0.2, 4000], [0.6, 4000]], "L2-legacy": curves,
+             "models": {"QA_mean_field": {"uncalibrated": curves, "calibrated": curves}}}
+    panels = _plots.sweep_kpis(sweep)
+    assert [k.batch_key for k in panels] == ["mean_delay", "delivery_ratio", "mean_aoi"]
+    labels = [_plots.axis_label(k) for k in panels]
+    assert labels == ["mean delay, steps", "delivery ratio", "mean AoI, steps"]
+    _plots.calibration_sweep(sweep, str(tmp_path / "sweep.png"), {k.batch_key: k.label for k in kpi.KPIS})
+    assert (tmp_path / "sweep.png").stat().st_size > 0
