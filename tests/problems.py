@@ -12,6 +12,7 @@ from isaac_net.core import CellConfig
 TOL = {
     "delay_sum_rel": 1e-4,  # discrete vs relaxed at tau = 0, and vs the hidden reference
     "energy_rel": 1e-4,
+    "throughput_rel": 1e-4,
     "mass_abs": 1e-9,  # conservation residual, float64, per robot
     "fd_rel": 1e-4,  # autograd directional derivative vs central differences, float64
 }

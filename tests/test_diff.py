@@ -32,6 +32,8 @@ def assert_equivalent(ref, out):
         assert torch.equal(ref[k], out[k]), k
     torch.testing.assert_close(out["delay_sum"], ref["delay_sum"], rtol=TOL["delay_sum_rel"], atol=1e-9)
     torch.testing.assert_close(out["energy_j"], ref["energy_j"], rtol=TOL["energy_rel"], atol=1e-12)
+    torch.testing.assert_close(out["throughput_bytes_per_s"], ref["throughput_bytes_per_s"],
+                               rtol=TOL["throughput_rel"], atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -125,7 +127,8 @@ def test_gradcheck_float64(mode, calibrated):
     def kpis(p, B, tx, pos, dl):
         net = DiffFluid(2, 3, mode=mode, tau=0.1, cfg=cfg, dtype=F64)
         k = rollout(net, 4, p, B, pos=pos, tx_dbm=tx, deadline=dl)
-        return torch.stack([k["mean_delay"], k["delivery_ratio"], k["mean_aoi"], 1e4 * k["mean_energy_j"]])
+        return torch.stack([k["mean_delay"], k["delivery_ratio"], k["mean_aoi"], 1e4 * k["mean_energy_j"],
+                            1e-6 * k["mean_throughput_bytes_per_s"]])
 
     out = kpis(*inputs)
     assert bool(torch.isfinite(out).all())
@@ -134,6 +137,30 @@ def test_gradcheck_float64(mode, calibrated):
 
 def kpi_mix(k):
     return k["mean_delay"] + 0.5 * k["mean_aoi"] + 50.0 * k["mean_energy_j"] - k["delivery_ratio"]
+
+
+def kpis_and_grads(net, T, p, B, **kw) -> tuple:
+    """``kpi_mix`` and the mean throughput (its scale is kpi_mix's x 1e4: a KPI of its own) of
+    ``rollout(net, T, p, B, **kw)`` from a reset ``net``, each with its gradient in ``p``: what the
+    compile tests compare. One rollout per gradient: a compiled backward donates its buffers (no
+    ``retain_graph``)."""
+    out = []
+    for kpi in (kpi_mix, lambda k: k["mean_throughput_bytes_per_s"]):
+        net.reset()
+        y = kpi(rollout(net, T, p, B, **kw))
+        out.append((y.detach(), torch.autograd.grad(y, p)[0]))
+    (mix, g_mix), (tput, g_tput) = out
+    return mix, tput, g_mix, g_tput
+
+
+def assert_compiled_equals_eager(eager: tuple, compiled: tuple) -> None:
+    """``kpis_and_grads`` of the compiled path against the eager's: values to 1e-10, gradients to 1e-8
+    (relative); every gradient nonzero."""
+    for name, a, b, rtol, atol in zip(("kpi_mix", "throughput", "grad kpi_mix", "grad throughput"),
+                                      compiled, eager, (1e-10, 1e-10, 1e-8, 1e-8), (0, 0, 1e-12, 1e-12),
+                                      strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+    assert float(eager[1]) > 0 and all(float(g.abs().max()) > 0 for g in eager[2:])
 
 
 @pytest.mark.slow
@@ -530,18 +557,15 @@ def test_compiled_equals_eager(mode):
     equals the eager model's rollout, values and gradients, and a new temperature compiles nothing."""
     cfg = COMPILE_CFG
     s = seed_scenario("normal", E=2, R=3, T=5)
-    grads = []
+    out = []
     for compiled in (False, True):
         p = s.p.clone().requires_grad_()
         net = DiffFluid(2, 3, mode=mode, tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
-        k = rollout(net, s.T, p, s.B, snr_db=s.snr_db, step_by_step=compiled)
-        (g,) = torch.autograd.grad(kpi_mix(k), p)
-        grads.append((kpi_mix(k).detach(), g))
+        out.append(kpis_and_grads(net, s.T, p, s.B, snr_db=s.snr_db, step_by_step=compiled))
         net.tau = 0.02  # a new temperature is a new input value, not a new graph
         with torch._dynamo.config.patch(error_on_recompile=compiled):
             rollout(net, 2, p, s.B, snr_db=s.snr_db, step_by_step=compiled)
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=0)
-    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-8, atol=1e-12)
+    assert_compiled_equals_eager(*out)
 
 
 @pytest.mark.xdist_group("compiled-L1")
@@ -614,7 +638,7 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
                 kw = dict(snr_db=5 + 20 * torch.rand(E, R, generator=g, dtype=F64))
             with torch._dynamo.config.patch(error_on_recompile=not first):  # step loops: QAD's too
                 k = rollout(net, 3, p, torch.full((E, R), 8000.0, dtype=F64), step_by_step=True, **kw)
-                kpi_mix(k).backward()
+                (kpi_mix(k) + 1e-4 * k["mean_throughput_bytes_per_s"]).backward()
             assert float(p.grad.abs().sum()) > 0
             counts = (_l1_loop.SLOT_FORWARD.num_compiles, _l1_loop.SLOT_ADJOINT.num_compiles)
             assert kernels is None or counts == kernels, (radio, E)
@@ -645,11 +669,8 @@ def test_qad_compiled_rollout_is_its_fused_node_with_the_forward_compiled():
             net = DiffFluid(E, 4, mode="QA", tau=0.05, cfg=cfg, dtype=F64, compile=compiled)
             assert net.fused_rollout
             with torch._dynamo.config.patch(error_on_recompile=counts is not None):
-                k = rollout(net, s.T, p, s.B, snr_db=s.snr_db)
-            out.append((kpi_mix(k).detach(), torch.autograd.grad(kpi_mix(k), p)[0]))
-        torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-10, atol=0)
-        torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-8, atol=1e-12)
-        assert float(out[0][1].abs().max()) > 0
+                out.append(kpis_and_grads(net, s.T, p, s.B, snr_db=s.snr_db))
+        assert_compiled_equals_eager(*out)
         now = (kernel.num_compiles, kernel.num_loads)
         assert sum(now) >= 1 and (counts is None or now == counts), E
         counts = now
@@ -1103,8 +1124,7 @@ def test_diff_fluid_on_cuda_in_float32_matches_cpu(mode, compiled, device="cuda"
     for dev in ("cpu", device):
         p = s.p.to(dev).float().requires_grad_()
         net = DiffFluid(4, 5, dev, mode=mode, tau=0.05, compile=compiled and dev != "cpu")
-        k = rollout(net, s.T, p, s.B.to(dev).float(), snr_db=s.snr_db.to(dev).float())
-        (g,) = torch.autograd.grad(kpi_mix(k), p)
-        out[dev] = (kpi_mix(k).detach().cpu(), g.cpu())
-    torch.testing.assert_close(out[device][0], out["cpu"][0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out[device][1], out["cpu"][1], rtol=1e-3, atol=1e-5)
+        got = kpis_and_grads(net, s.T, p, s.B.to(dev).float(), snr_db=s.snr_db.to(dev).float())
+        out[dev] = [t.cpu() for t in got]  # kpi_mix, throughput and their gradients
+    for i, (rtol, atol) in enumerate(((1e-4, 1e-5), (1e-4, 1e-2), (1e-3, 1e-5), (1e-3, 1e-2))):
+        torch.testing.assert_close(out[device][i], out["cpu"][i], rtol=rtol, atol=atol)

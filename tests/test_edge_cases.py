@@ -60,12 +60,14 @@ def test_kpi_accumulator_window_starts_with_its_queue():
     acc = KpiAccumulator(warmup=1)
     zero, one = torch.zeros(1, 1), torch.ones(1, 1)
     step = dict(offered=one, delivered=zero, delay_sum=zero, timeouts=zero, overflow=zero, energy_j=zero,
-                aoi=one, queued_msgs=one)
+                aoi=one, throughput_bytes_per_s=zero, queued_msgs=one)
     acc.add(step)
-    acc.add({**step, "offered": zero, "delivered": one, "delay_sum": 2 * one, "queued_msgs": zero})
+    acc.add({**step, "offered": zero, "delivered": one, "delay_sum": 2 * one, "queued_msgs": zero,
+             "throughput_bytes_per_s": 8000.0 * one})
     out = acc.result()
     assert float(out["offered"]) == 1.0 and float(out["delivery_ratio"]) == 1.0
     assert float(out["mean_delay"]) == 2.0
+    assert float(out["mean_throughput_bytes_per_s"]) == 8000.0  # the window's one step
 
 
 @pytest.mark.parametrize("seed", range(4))

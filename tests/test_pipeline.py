@@ -58,11 +58,13 @@ def fixture_artifacts() -> dict[str, dict]:
             eq_rows.append({"case": case, "mode": mode, "pair": pair, "p": eq_cfg["cases"][case]["p"],
                             "max_abs_delivered": 0.0, "max_abs_timeouts": 0.0, "max_abs_overflow": 0.0,
                             "max_abs_aoi": 0.0, "max_abs_queued_msgs": 0.0, "max_rel_delay_sum": 3.3e-16,
-                            "max_rel_energy": 0.0, "offered": 137.0, "delivered": 91.0,
+                            "max_rel_energy_j": 0.0, "max_rel_throughput_bytes_per_s": 2.5e-16,
+                            "offered": 137.0, "delivered": 91.0,
                             "timeouts": 23.0 if binds else 0.0, "overflow": 17.0 if binds else 0.0,
                             "buffer_msgs": F, "timeout_steps": A, "binds": binds, "pass": True})
     equivalence = {"summary": {"tau": 0.0, "tol": 1e-4, "all_pass": True, "max_abs_count_diff": 0.0,
-                               "max_rel_delay_sum": 3.3e-16},
+                               "max_rel_delay_sum": 3.3e-16, "max_rel_energy_j": 0.0,
+                               "max_rel_throughput_bytes_per_s": 2.5e-16},
                    "table": eq_rows, "provenance": _prov("equivalence", eq_cfg)}
 
     taus = [0.0, 0.2, 0.05, 0.002]
@@ -218,7 +220,7 @@ def sensitivity_artifact() -> dict:
                     verdict = ("fd_not_resolved" if not resolved else "sign_wrong" if wrong else "sign_ok")
                     label = f"d {sensitivity.KPI_LABEL[kpi]} / d {sensitivity.INPUT_LABEL[name]}"
                     rows.append({"op": op["name"], "held_out": op.get("held_out", False), "kpi": kpi,
-                                 "input": name, "derivative": label,
+                                 "fitted": kpi in sensitivity.FITTED_KPIS, "input": name, "derivative": label,
                                  "model": "L1D rb" + (" cal" if cal else ""), "mode": "L1", "sends": "rb",
                                  "calibrated": cal, "grad_mean": ratio * fd, "grad_std": 0.1, "fd_mean": fd,
                                  "fd_se": 0.2, "fd_significant": resolved,
@@ -431,16 +433,19 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert "L2-legacy: not available (`ModuleNotFoundError: no l2_legacy`)" in cost
 
     sens = section(page, "## Sensitivity against L2-legacy")
+    # agreement over the four fitted KPIs x four inputs (throughput's rows apart); delivery's (8) not resolved
     assert not re.search(r"^- \w+: ", page, re.M), "a key: value bullet on the page"
     assert "| L1D rb | stage | 12 | 1 | 0.05 | 0 | 0 |" in sens
     assert "| L1D rb cal | held out | 12 | 1 | 1.1 | 1 | 1 |" in sens
     assert "| L1D rb | held out | 12 | 0.917 | 0.05 | 0 | 0 |" in sens
+    assert "Throughput (B/s; a KPI the calibration does not fit" in sens
+    assert "| L1D rb | held out | 4 | 1 | 0.05 | 0 | 0 |" in sens
     assert "- L1D rb cal, held-out points: met." in sens
     assert "So, by this measure, the gradients of L1D rb cal carry over to L2-legacy in sign and size." \
         in sens
     assert "Without calibration 1 model rows disagree in sign with L2-legacy; with it 0 do." in sens
     assert "| far | d delay / d tx dB | 2 ± 0.2 | ✗ -0.05 [-0.35, 0.25] | 1.1 [0.8, 1.4] |" in sens
-    assert "8 of 32 derivatives are not resolved" in sens
+    assert "8 of 40 derivatives are not resolved" in sens
     assert "_Provenance (sensitivity): profile `fixture`" in sens
     assert "load average 0.25 at the start and 0.75 at the end, wall time 12.5 s" in sens
 

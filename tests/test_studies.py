@@ -177,12 +177,12 @@ def test_random_search_keeps_the_best_candidate():
     params = tiny("opt_rates", level="L1", E=2, R=3, candidates=4, T_eval=6, warmup_eval=1, rs_chunk_envs=4)
     sc = _optimise.scenario(2, 3, params, torch.float32)
     dec = opt_rates.RateDecisions(sc, params)
-    best = _optimise.random_search(sc, params, _optimise._Sampler(dec), progress=False)
+    best = _optimise.random_search(sc, params, dec, progress=False)
     kept = _optimise.discrete_score(params["level"], 6, 1, best, sc["u_train"], cfg=None, seed=params["seed"],
                                     dtype=torch.float32)
     cost = _optimise.env_cost(kept, params["cost"])
     # Every candidate of the same draw is at least as costly as the kept one.
-    cands = _optimise._Sampler(dec)(4, _optimise.generator(params["seed"] + 2))
+    cands = dec.sample(4, _optimise.generator(params["seed"] + 2))
     k = _optimise.discrete_score(params["level"], 6, 1, cands, sc["u_train"].repeat(1, 4, 1), cfg=None,
                                  seed=params["seed"], dtype=torch.float32)
     all_costs = _optimise.env_cost(k, params["cost"]).reshape(4, 2)

@@ -25,11 +25,15 @@ import scipy.stats
 import torch
 from _hashes import record, seal
 
-from isaac_net.core.diff.calibrate import TARGET_KPIS as KPIS  # noqa: F401 (the per-env KPI means, every table's order)
+from isaac_net.core import kpi
+
+#: The per-env KPI means, every table's order, and their labels (the KPI registry's).
+KPIS = kpi.BATCH_KEYS
+#: The batch keys of the KPIs a calibration fits (a loss weight in the registry).
+FITTED_KPIS = tuple(k.batch_key for k in kpi.KPIS if k.loss_weight > 0)
 
 REPO = Path(__file__).resolve().parents[2]
-KPI_LABEL = {"mean_delay": "delay", "delivery_ratio": "delivery", "mean_aoi": "AoI",
-             "mean_energy_j": "energy"}
+KPI_LABEL = {k.batch_key: k.label for k in kpi.KPIS}
 
 
 def _git(*args: str) -> str | None:

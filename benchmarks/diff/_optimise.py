@@ -28,10 +28,10 @@ except ImportError:  # imported as benchmarks.diff._optimise (tests)
 
 
 def env_kpis(res: dict) -> dict:
-    """Per-env KPIs ``[E]`` from a rollout's per-robot totals (totals over totals, as the batch means)."""
-    from isaac_net.core.diff.calibrate import group_kpis
+    """Per-env KPIs ``[E]`` from a rollout's per-robot totals (the KPI registry's batch reductions)."""
+    from isaac_net.core.kpi import grouped_batch_kpis
 
-    return group_kpis(res, res["offered"].shape[0])
+    return grouped_batch_kpis(res, res["offered"].shape[0])
 
 
 def env_cost(k: dict, c: dict) -> torch.Tensor:
@@ -103,15 +103,11 @@ def model_name(spec: dict) -> str:
 def _proxy_cost(proxy, dec: dict, cfg, cost: dict) -> torch.Tensor:
     """Cost ``[E]`` from the proxy's per-robot KPIs: expected counts per robot (sends p, delivered
     p delivery) combined as the env KPIs are (totals over totals, means)."""
-    from isaac_net.core import radio
-    from isaac_net.core.kpi import MIN_COUNT_MSGS
+    from isaac_net.core import kpi, radio
 
     k = proxy.predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
-    delivered = dec["p"] * k["delivery"]
-    env = {"mean_delay": (delivered * k["delay"]).sum(-1) / delivered.sum(-1).clamp_min(MIN_COUNT_MSGS),
-           "delivery_ratio": delivered.sum(-1) / dec["p"].sum(-1).clamp_min(MIN_COUNT_MSGS),
-           "mean_aoi": k["aoi"].mean(-1), "mean_energy_j": k["energy_j"].mean(-1)}
-    return env_cost(env, cost)
+    totals = kpi.expected_totals(dec["p"], k, kpi.PROXY_KPIS)
+    return env_cost(kpi.batch_kpis(totals, dim=-1, kpis=kpi.PROXY_KPIS), cost)
 
 
 def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cfg, proxy=None,
@@ -162,9 +158,10 @@ def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cf
         return {k: v.detach() for k, v in decisions(theta).items()}, hist
 
 
-def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=None) -> dict:
+def random_search(sc: dict, params: dict, decisions, progress=True, *, level_cfg=None) -> dict:
     """Best of ``candidates`` random decisions per env, scored on the discrete level with the
-    training sends. ``sample(n, gen) -> dec`` with envs repeated ``n`` times (candidate-major)."""
+    training sends. ``decisions.sample(n, gen) -> dec`` with envs repeated ``n`` times
+    (candidate-major), plus ``decisions.extra_cost(dec)``."""
     dtype = sc["B"].dtype
     E, R = sc["B"].shape
     cfg = level_cfg
@@ -173,7 +170,7 @@ def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=No
     per_chunk = max(1, int(params["rs_chunk_envs"]) // E)
     best_cost = torch.full((E,), math.inf, dtype=torch.float64)
     best = None
-    every = sample(n, gen)  # all candidates up front: the draw does not depend on the chunking
+    every = decisions.sample(n, gen)  # all candidates up front: the draw does not depend on the chunking
     starts = list(range(0, n, per_chunk))
     it = starts if not progress else tqdm(starts, desc="random search", mininterval=2.0)
     for s in it:
@@ -182,7 +179,7 @@ def random_search(sc: dict, params: dict, sample, progress=True, *, level_cfg=No
         u = sc["u_train"].repeat(1, m, 1)
         k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), dec, u,
                            cfg=cfg, seed=int(params["seed"]), dtype=dtype)
-        c = (env_cost(k, params["cost"]) + sample.extra_cost(dec).cpu()).reshape(m, E)
+        c = (env_cost(k, params["cost"]) + decisions.extra_cost(dec).cpu()).reshape(m, E)
         c = torch.where(torch.isfinite(c), c, torch.full_like(c, math.inf))
         cmin, arg = c.min(0)
         better = cmin < best_cost
@@ -243,17 +240,6 @@ def paired_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int, seed: int) -> tup
     return float(d.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-class _Sampler:
-    def __init__(self, decisions):
-        self.d = decisions
-
-    def __call__(self, n, gen):
-        return self.d.sample(n, gen)
-
-    def extra_cost(self, dec):
-        return self.d.extra_cost(dec)
-
-
 def load_proxy(path, params: dict, cfg):
     """The neural proxy of the nn_proxy stage, checked against the study's R and cell."""
     from isaac_net.core.diff import proxy as px
@@ -291,7 +277,7 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
                                               proxy=proxy, tau_min=tau_min, progress=progress)
         wall[name] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sols["random search"] = random_search(sc, params, _Sampler(decisions), progress, level_cfg=cfg)
+    sols["random search"] = random_search(sc, params, decisions, progress, level_cfg=cfg)
     wall["random search"] = time.perf_counter() - t0
     uniform = None
     if "uniform" in params:
@@ -303,6 +289,27 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
     wall["scoring"] = time.perf_counter() - t0
     by = {r["solution"]: r for r in rows}
     n_boot, seed = int(params.get("n_boot", 2000)), int(params["seed"])
+    comparisons = compare_to_baselines(sols, by, n_boot, seed)
+    targets = check_targets(params.get("targets"), comparisons)
+    summary = {"level": params["level"], "E": E, "R": R, "iters": int(params["iters"]),
+               "candidates": int(params["candidates"]), "T": int(params["T"]),
+               "T_eval": int(params["T_eval"]),
+               "tau_start": float(params["tau_start"]), "tau_end": float(params["tau_end"]),
+               "models": len(specs), "ci_pct": 95}
+    table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
+                 for name, sol in sols.items()}
+    return {"summary": summary, "table": table, "comparisons": comparisons, "targets": targets,
+            "history": hist,
+            "uniform_policy": uniform, "solutions_mean": solutions, "wall_s": wall, "config": params,
+            "env_costs": {r["solution"]: r["_env_cost"].tolist() for r in rows},
+            "_sols": sols, "_sc": sc}
+
+
+def compare_to_baselines(sols: dict, by: dict, n_boot: int, seed: int) -> list:
+    """One row per gradient solution: its cost and delivery, and against each baseline scored
+    (start, random search, uniform policy) the paired difference of the per-env costs with its
+    bootstrap interval, the share of envs it is better on and the verdict."""
     comparisons = []
     for name in (n for n in sols if n.startswith("gradient")):
         g = by[name]["_env_cost"]
@@ -317,8 +324,13 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
             # better: the whole interval below 0; worse: above; otherwise no worse (within the CI)
             row[f"vs_{key}"] = "better" if hi < 0 else ("worse" if lo > 0 else "tie")
         comparisons.append(row)
+    return comparisons
+
+
+def check_targets(t: dict | None, comparisons: list) -> dict | None:
+    """The study's targets (``params["targets"]``) checked on ``compare_to_baselines``'s rows: None
+    without targets; else whether the named solution was run and which targets it met."""
     targets = None
-    t = params.get("targets")
     if t:
         row = next((r for r in comparisons if r["solution"] == t["solution"]), None)
         targets = {"solution": t["solution"], "available": row is not None}
@@ -333,19 +345,7 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
             if t.get("uniform_no_worse") and "vs_uniform_policy" in row:
                 checks["uniform_no_worse"] = row["vs_uniform_policy"] != "worse"
             targets.update({f"{k}_met": v for k, v in checks.items()}, met=all(checks.values()))
-    summary = {"level": params["level"], "E": E, "R": R, "iters": int(params["iters"]),
-               "candidates": int(params["candidates"]), "T": int(params["T"]),
-               "T_eval": int(params["T_eval"]),
-               "tau_start": float(params["tau_start"]), "tau_end": float(params["tau_end"]),
-               "models": len(specs), "ci_pct": 95}
-    table = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    solutions = {name: {k: v.mean().item() for k, v in sol.items() if k in ("p", "tx_dbm")}
-                 for name, sol in sols.items()}
-    return {"summary": summary, "table": table, "comparisons": comparisons, "targets": targets,
-            "history": hist,
-            "uniform_policy": uniform, "solutions_mean": solutions, "wall_s": wall, "config": params,
-            "env_costs": {r["solution"]: r["_env_cost"].tolist() for r in rows},
-            "_sols": sols, "_sc": sc}
+    return targets
 
 
 def write(stage, payload: dict, out: dict, title: str) -> None:

@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from isaac_net.core import kpi  # noqa: E402
+
 _METADATA = {"Software": None, "Date": None}
 _COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -69,18 +71,39 @@ def fd_error(rows: list[dict], steps: list[float], path: str) -> None:
     save(fig, path)
 
 
+#: Units as an axis shows them.
+_AXIS_UNIT = {"control steps": "steps"}
+#: The calibration's KPIs (the registry's with a calibration-loss weight) the sweep figure leaves out:
+#: energy (the report's caption: delay, delivery and AoI).
+_SWEEP_OMITS = ("energy_j",)
+
+
+def axis_label(k: kpi.Kpi) -> str:
+    """A KPI's batch value as an axis names it, from the registry: ``mean <label>, <unit>`` for a mean
+    (``mean delay, steps``), the batch key's words for a ratio (``delivery ratio``)."""
+    name = f"mean {k.label}" if k.batch_key.startswith("mean_") else k.batch_key.replace("_", " ")
+    return f"{name}, {_AXIS_UNIT.get(k.unit, k.unit)}" if k.unit else name
+
+
+def sweep_kpis(sweep: dict) -> tuple:
+    """The KPIs of :func:`calibration_sweep`'s panels, in the registry's order: those the calibration
+    fits (``loss_weight > 0``) that the sweep holds, less ``_SWEEP_OMITS``."""
+    return tuple(k for k in kpi.KPIS if k.loss_weight > 0 and k.key not in _SWEEP_OMITS
+                 and k.batch_key in sweep["L2-legacy"])
+
+
 def calibration_sweep(sweep: dict, path: str, kpi_label: dict) -> None:
-    """Delay, delivery and AoI against p for each message size of the sweep: L2-legacy (black)
-    against each model uncalibrated (dashed) and calibrated (solid).
+    """Delay, delivery and AoI (:func:`sweep_kpis`) against p for each message size of the sweep:
+    L2-legacy (black) against each model uncalibrated (dashed) and calibrated (solid).
 
     :input sweep: ``points`` (p, size_bytes, ...), ``L2-legacy`` {kpi: [per point]} and
         ``models`` {model: {"uncalibrated"|"calibrated": {kpi: [per point]}}}.
     """
     pts = sweep["points"]
     sizes = sorted({p[1] for p in pts})
-    kpis = ("mean_delay", "delivery_ratio", "mean_aoi")
-    ylabel = {"mean_delay": "mean delay, steps", "delivery_ratio": "delivery ratio",
-              "mean_aoi": "mean AoI, steps"}
+    panels = sweep_kpis(sweep)
+    kpis = tuple(k.batch_key for k in panels)
+    ylabel = {k.batch_key: axis_label(k) for k in panels}
     fig, axes = plt.subplots(len(sizes), len(kpis), figsize=(4.2 * len(kpis), 3.2 * len(sizes)),
                              squeeze=False)
     for i, size in enumerate(sizes):

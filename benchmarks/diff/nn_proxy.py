@@ -32,9 +32,10 @@ except ImportError:  # imported as benchmarks.diff.nn_proxy (tests)
     from benchmarks.diff._plots import proxy_fit
 
 from isaac_net.core.diff import proxy as px
+from isaac_net.core.kpi import KPIS as KPI_REGISTRY
 
 INPUT_UNIT = {"p": "p", "msg_bytes": "kB", "snr_db": "SNR dB"}
-KPI_LABEL = {"delay": "delay", "delivery": "delivery", "aoi": "AoI", "energy_j": "energy"}
+KPI_LABEL = {k.key: k.label for k in KPI_REGISTRY}
 
 
 def gradient_check(model: px.Proxy, params: dict, cfg, dtype, progress=True, device="cpu") -> list[dict]:

@@ -41,16 +41,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from isaac_net.core import kpi as kpi_registry
+
 try:
-    from _common import KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
+    from _common import FITTED_KPIS, KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
     from _plots import gradient_ratios
 except ImportError:  # imported as benchmarks.diff.sensitivity (tests)
-    from benchmarks.diff._common import KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
+    from benchmarks.diff._common import FITTED_KPIS, KPI_LABEL, KPIS, cell_config, generator, ratio_ci, run
     from benchmarks.diff._plots import gradient_ratios
 
 INPUTS = ("p", "kbytes", "tx_db", "dist_m")
 INPUT_LABEL = {"p": "p", "kbytes": "kB", "tx_db": "tx dB", "dist_m": "dist m"}
-SENDS = {"mf": "mean_field", "rb": "relaxed"}
+#: The rollout send model of each short code of the study's model names.
+SEND_MODEL_OF_CODE = {"mf": "mean_field", "rb": "relaxed"}
 ZERO_RATIO = 1e-3  # |model / FD| below this counts as a zero model gradient (a sign disagreement)
 WITHIN = 2.0  # "ratio within x2": 1 / WITHIN <= model / FD <= WITHIN
 VERDICTS = ("sign_ok", "sign_wrong", "fd_not_resolved", "model_zero")
@@ -106,10 +109,10 @@ def inputs_at(base: dict, shift: dict, n_seeds: int) -> dict:
 
 
 def replicate_kpis(res: dict, n_seeds: int) -> dict:
-    """Per-replicate batch KPIs ``[n_seeds]`` from a rollout's per-robot totals (totals over totals)."""
-    from isaac_net.core.diff.calibrate import group_kpis
+    """Per-replicate batch KPIs ``[n_seeds]`` from a rollout's per-robot totals (the KPI registry's)."""
+    from isaac_net.core.kpi import grouped_batch_kpis
 
-    return group_kpis(res, n_seeds)
+    return grouped_batch_kpis(res, n_seeds)
 
 
 def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
@@ -122,7 +125,7 @@ def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dic
     x = inputs_at(base, shift, n_seeds)
     net = DiffFluid(E, R, dev, mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
     res = rollout(net, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
-                  sends=SENDS[sends], u=base["u"] if sends == "rb" else None, lam=lam)
+                  sends=SEND_MODEL_OF_CODE[sends], u=base["u"] if sends == "rb" else None, lam=lam)
     k = replicate_kpis(res, n_seeds)
     grads = {}
     for i, kpi in enumerate(KPIS):
@@ -177,7 +180,7 @@ def load_calibrations(path: str | None, params: dict) -> dict:
         return {}
     from isaac_net.core.diff.calibrate import Calibration
 
-    return {(m, sd): Calibration.load(path, mode=m, sends=SENDS[sd]) for m in params["modes"]
+    return {(m, sd): Calibration.load(path, mode=m, sends=SEND_MODEL_OF_CODE[sd]) for m in params["modes"]
             for sd in params["sends"]}
 
 
@@ -233,7 +236,8 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
                 verdict = ("fd_not_resolved" if not significant else "model_zero" if is_zero
                            else "sign_ok" if same_sign else "sign_wrong")
                 within = (1.0 / WITHIN <= ratio <= WITHIN) if significant and math.isfinite(ratio) else None
-                detail.append({"op": op_name, "held_out": values["held_out"], "kpi": kpi, "input": name,
+                detail.append({"op": op_name, "held_out": values["held_out"], "kpi": kpi,
+                               "fitted": kpi in FITTED_KPIS, "input": name,
                                "derivative": f"d {KPI_LABEL[kpi]} / d {INPUT_LABEL[name]}",
                                "model": model_label(*m), "mode": m[0], "sends": m[1], "calibrated": m[2],
                                "grad_mean": g_mean, "grad_std": g_std, "fd_mean": ref_mean, "fd_se": ref_se,
@@ -265,15 +269,23 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
     the table (one row per derivative and point, one entry per model) and the values."""
     detail = [d for part in parts for d in part["rows"]]
     labels = list(dict.fromkeys(d["model"] for d in detail))
-    metrics = []
+    # The agreement of the KPIs the calibration fits (its targets are stated on them), and apart
+    # from it that of each other KPI (throughput), so a KPI added to the registry moves no target.
+    metrics, metrics_other = [], []
     for label in labels:
         mine = [d for d in detail if d["model"] == label]
         for group, rows in (("stage", [d for d in mine if not d["held_out"]]),
                             ("held_out", [d for d in mine if d["held_out"]])):
-            if rows:
-                m0 = rows[0]
-                metrics.append({"model": label, "mode": m0["mode"], "sends": m0["sends"],
-                                "calibrated": m0["calibrated"], "points": group, **_metrics(rows)})
+            if not rows:
+                continue
+            m0 = rows[0]
+            head = {"model": label, "mode": m0["mode"], "sends": m0["sends"], "calibrated": m0["calibrated"],
+                    "points": group}
+            metrics.append({**head, **_metrics([d for d in rows if d["fitted"]])})
+            for kpi in KPIS:
+                if kpi not in FITTED_KPIS:
+                    metrics_other.append({**head, "kpi": kpi, "label": KPI_LABEL[kpi],
+                                          **_metrics([d for d in rows if d["kpi"] == kpi])})
     table = []
     for part in parts:
         for kpi in KPIS:
@@ -318,7 +330,10 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
             summary[f"{key}_{m['points']}_{k}"] = m[k]
     summary["targets_all_met"] = all(x["met"] for x in targets) if targets else None
     return {"summary": summary, "metrics": metrics, "targets": targets, "table": table,
-            "values": [p["values"] for p in parts], "rows": detail, "config": params}
+            "metrics_other_kpis": metrics_other,
+            "kpis": [{"label": k.label, "unit": k.unit, "fitted": k.batch_key in FITTED_KPIS}
+                     for k in kpi_registry.KPIS], "values": [p["values"] for p in parts], "rows": detail,
+            "config": params}
 
 
 def compute(params: dict, progress: bool = True, device: str = "cpu", calibration: str | None = None) -> dict:

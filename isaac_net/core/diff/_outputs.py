@@ -39,6 +39,7 @@ class StepOut(typing.NamedTuple):
     timeouts: torch.Tensor
     overflow: torch.Tensor
     energy_j: torch.Tensor
+    throughput_bytes_per_s: torch.Tensor  # delivered mass times the step's message size, over step_s
     queued_msgs: torch.Tensor  # at the end of the step
 
 

@@ -239,7 +239,20 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     fin = c * finish_s * k.inv_step_s
     tx_s = busy * s1 * frac[0] * avail
 
-    # 3. KPIs, AoI, ageing and the shift.
+    outputs, done, w2, none_yet, aoi_coef = _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s,
+                                                            msg_bytes, overflow, k)
+    return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
+                          admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
+                          ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
+                          snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
+                          served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
+                          finish_s=finish_s, fin=fin, s1=s1, d_s1=d_s1, tx_s=tx_s, done=done, w2=w2,
+                          none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
+
+
+def _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s, msg_bytes, overflow, k: _Consts) -> tuple:
+    """3. (of ``_forward``) KPIs, AoI, ageing and the shift: ``(outputs, done, w2, none_yet, aoi_coef)``,
+    the step's outputs and what the tape keeps of this part."""
     done = w1 * c
     delivered = done.sum(0)
     delay_sum = (done * k.ages + w1 * fin).sum(0)
@@ -252,15 +265,11 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     w_next = _shift_older(kept)
     x_next = _shift_older(rest * keep)
     energy_j = tx_w * tx_s
+    throughput = delivered * msg_bytes * k.inv_step_s
     outputs = StepOut(x=x_next, w=w_next, aoi=aoi_next, delivered=delivered, delay_sum=delay_sum,
-                      timeouts=timeouts, overflow=overflow, energy_j=energy_j, queued_msgs=w_next.sum(0))
-    return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
-                          admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
-                          ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
-                          snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
-                          served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
-                          finish_s=finish_s, fin=fin, s1=s1, d_s1=d_s1, tx_s=tx_s, done=done, w2=w2,
-                          none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
+                      timeouts=timeouts, overflow=overflow, energy_j=energy_j,
+                      throughput_bytes_per_s=throughput, queued_msgs=w_next.sum(0))
+    return outputs, done, w2, none_yet, aoi_coef
 
 
 # The inputs a step's tape holds; the rest of it ``_forward`` computes.
@@ -320,38 +329,64 @@ def _compiled_forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
 def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs:
     """Adjoint of ``_forward`` (``[A, E, R]`` as there): the gradients of the step's inputs from those
     of its outputs ``grads``; None where ``needs`` (bools) says an input needs none (``keep``, ``tx_w``,
-    ``snr_lin``, ``msg_bytes``, ``headroom``)."""
-    g_x_next, g_w_next, g_aoi_next, g_queued = grads.x, grads.w, grads.aoi, grads.queued_msgs
-    g_delivered, g_delay, g_timeouts = grads.delivered, grads.delay_sum, grads.timeouts
-    g_overflow, g_energy = grads.overflow, grads.energy_j
+    ``snr_lin``, ``msg_bytes``, ``headroom``). Its steps walk ``_forward``'s back: 3. the shift,
+    ageing and AoI, the KPIs; 2. the service; 1. the capture."""
+    # throughput = delivered B / T_step: into delivered's gradient (and B's, in the capture's)
+    g_tput = grads.throughput_bytes_per_s * k.inv_step_s
+    g_delivered = grads.delivered + g_tput * s.msg_bytes
+    g_w2, g_keep, g_rest, g_aoi = _adjoint_shift(s, grads, k, needs)
+    g_f = _adjoint_none_yet(s, grads.aoi, k)
+    g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail, g_sr_s = _adjoint_kpis(
+        s, grads, g_delivered, g_w2, g_f, k, needs)
+    g_x1, g_served = _adjoint_completion(s, g_rest, g_c, g_frac, k)
+    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_avail, g_sr_s, g_alloc, g_busy, g_w1, k, needs)
+    g_x, g_w, g_send, g_bytes = _adjoint_capture(s, g_w1, g_x1, g_m0, grads.overflow, g_tput, k, needs)
+    return StepArgs(x=g_x, w=g_w, aoi=g_aoi, send=g_send, msg_bytes=g_bytes, snr_lin=g_snr, tx_w=g_tx_w,
+                    keep=g_keep, headroom=g_m)
 
-    # 3. Shift, ageing, timeouts: w_next = shift(w2 keep), x_next = shift(rest keep), queued = sum w_next,
-    # timeouts = sum(w2 - w2 keep).
-    g_kept = _shift_younger(g_w_next + g_queued).sub_(g_timeouts)
-    g_xk = _shift_younger(g_x_next)
+
+def _adjoint_shift(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> tuple:
+    """3. Shift, ageing, timeouts: w_next = shift(w2 keep), x_next = shift(rest keep), queued = sum w_next,
+    timeouts = sum(w2 - w2 keep); and aoi_next's direct term (the last age's). ``(g_w2, g_keep, g_rest,
+    g_aoi)`` (``g_keep`` None unless needed)."""
+    g_timeouts = grads.timeouts
+    g_kept = _shift_younger(grads.w + grads.queued_msgs).sub_(g_timeouts)
+    g_xk = _shift_younger(grads.x)
     g_w2 = g_kept * s.keep + g_timeouts
     g_keep = g_kept * s.w2 + g_xk * s.rest if needs.keep else None
     g_rest = g_xk * s.keep
-    # aoi_next = 1 + sum_{a<A-1} P_a + coef P_{A-1}, P = cumprod(f), f = 1 - done. The adjoint at
-    # factor i is sum_{j >= i} G_j prod_{k <= j, k != i} f_k. A factor is exactly 0 when a whole
-    # message is delivered, so no division by it: with P' the cumprod of f with its zeros set to 1
-    # and Z_j the number of zeros among f_0..f_j, the product is P'_j / f_i where Z_j = 0, P'_j where
-    # f_i is the one zero (Z_j = 1), and 0 otherwise.
-    # On the CPU, where reading a flag is free, the common case without zeros takes P' = P, Z = 0.
-    g_aoi = g_aoi_next * s.none_yet[-1]
+    g_aoi = grads.aoi * s.none_yet[-1]
+    return g_w2, g_keep, g_rest, g_aoi
+
+
+def _adjoint_none_yet(s: _Tape, g_aoi_next: torch.Tensor, k: _Consts) -> torch.Tensor:
+    """The gradient of the factors ``f = 1 - done`` of ``none_yet = cumprod(f)`` from aoi_next's.
+
+    aoi_next = 1 + sum_{a<A-1} P_a + coef P_{A-1}, P = cumprod(f), f = 1 - done. The adjoint at
+    factor i is sum_{j >= i} G_j prod_{k <= j, k != i} f_k. A factor is exactly 0 when a whole
+    message is delivered, so no division by it: with P' the cumprod of f with its zeros set to 1
+    and Z_j the number of zeros among f_0..f_j, the product is P'_j / f_i where Z_j = 0, P'_j where
+    f_i is the one zero (Z_j = 1), and 0 otherwise.
+    On the CPU, where reading a flag is free, the common case without zeros takes P' = P, Z = 0."""
     f = k.one - s.done
     zero = f == k.zero
     if f.device.type == "cpu" and not bool(zero.any()):
         gp = s.none_yet * g_aoi_next  # G_j P_j
         gp[-1] *= s.aoi_coef
-        g_f = _rev_cumsum(gp).div_(f)
-    else:
-        f_safe = torch.where(zero, k.one, f)
-        num_zeros = zero.cumsum(0)
-        gp = torch.cumprod(f_safe, 0).mul_(g_aoi_next)  # G_j P'_j
-        gp[-1] *= s.aoi_coef
-        g_f = _rev_cumsum(torch.where(num_zeros == 0, gp, k.zero)).div_(f_safe)
-        g_f += torch.where(zero, _rev_cumsum(torch.where(num_zeros == 1, gp, k.zero)), k.zero)
+        return _rev_cumsum(gp).div_(f)
+    f_safe = torch.where(zero, k.one, f)
+    num_zeros = zero.cumsum(0)
+    gp = torch.cumprod(f_safe, 0).mul_(g_aoi_next)  # G_j P'_j
+    gp[-1] *= s.aoi_coef
+    g_f = _rev_cumsum(torch.where(num_zeros == 0, gp, k.zero)).div_(f_safe)
+    g_f += torch.where(zero, _rev_cumsum(torch.where(num_zeros == 1, gp, k.zero)), k.zero)
+    return g_f
+
+
+def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, needs: StepArgs) -> tuple:
+    """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail,
+    g_sr_s)``, the service's parts so far (``g_tx_w`` None unless needed)."""
+    g_delay, g_energy = grads.delay_sum, grads.energy_j
     # w2 = w1 - done; delay_sum = sum(done ages + w1 fin); delivered = sum(done); done = w1 c.
     g_done = (g_delay * k.ages).add_(g_delivered).sub_(g_w2).sub_(g_f)
     g_w1 = (g_delay * s.fin).add_(g_w2).add_(g_done * s.c)
@@ -373,6 +408,12 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_frac = g_finish * s.avail
     g_frac[0] += g_frac0
     g_avail += (g_finish * s.frac).sum(0)
+    return g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail, g_sr_s
+
+
+def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, k: _Consts) -> tuple:
+    """2. What each age completes, from the rest, the completion and the fraction left:
+    ``(g_x1, g_served)``."""
     # rest_a = x_a - q_a + q_{a+1}
     g_x1 = g_rest
     g_q = -g_rest
@@ -387,6 +428,14 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_cum -= torch.where(s.cum > k.tiny, g_z * k.inv_tau / s.cum_c, k.zero)
     g_served = torch.where(s.served > k.tiny, g_z.sum(0) * k.inv_tau / s.served_c, k.zero)
     g_x1 = g_x1 + g_cum.cumsum(0)  # cum_a = sum_{k >= a} x_k
+    return g_x1, g_served
+
+
+def _adjoint_rate(s: _Tape, g_served, g_avail, g_sr_s, g_alloc, g_busy, g_w1, k: _Consts,
+                  needs: StepArgs) -> tuple:
+    """2. The rate: served = rate avail down to the allocation, the PF gain and the busy robots.
+    Adds into ``g_avail``, ``g_alloc`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)`` (``g_snr``,
+    ``g_m`` None unless needed)."""
     # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
     g_avail += g_served * s.rate
     g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
@@ -407,17 +456,21 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
            - g_share * s.share / s.sn * s.d_sn)
     # n = sum_r busy; busy = smin(sum_a w1, 1).
     g_w1 += (g_busy + g_n) * s.d_busy
-    # Capture: w1 = w with w1_0 = w0, x1 = x with x1_0 = w0 B; overflow = send - w0; w0 = send admit.
+    return g_m0, g_snr, g_m
+
+
+def _adjoint_capture(s: _Tape, g_w1, g_x1, g_m0, g_overflow, g_tput, k: _Consts, needs: StepArgs) -> tuple:
+    """1. Capture: w1 = w with w1_0 = w0, x1 = x with x1_0 = w0 B; overflow = send - w0; w0 = send admit
+    (and throughput's B). ``(g_x, g_w, g_send, g_bytes)`` (``g_bytes`` None unless needed)."""
     g_w0 = g_w1[0] + g_x1[0] * s.msg_bytes - g_overflow
-    g_bytes = g_x1[0] * s.w0 if needs.msg_bytes else None
+    g_bytes = g_x1[0] * s.w0 + g_tput * s.done.sum(0) if needs.msg_bytes else None
     g_send = g_overflow + g_w0 * s.admit
     g_m0 -= g_w0 * s.send * s.admit * (k.one - s.admit) * k.inv_tau_n
     g_x = g_x1  # x_0 is overwritten by the capture
     g_x[0] = 0.0
     g_w = g_w1 + g_m0
     g_w[0] = g_m0
-    return StepArgs(x=g_x, w=g_w, aoi=g_aoi, send=g_send, msg_bytes=g_bytes, snr_lin=g_snr, tx_w=g_tx_w,
-                    keep=g_keep, headroom=g_m)
+    return g_x, g_w, g_send, g_bytes
 
 
 def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts,
@@ -439,7 +492,7 @@ def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts,
         if t >= warmup:
             step = Totals(offered=send_t + queued_start if t == warmup else send_t, delivered=out.delivered,
                           delay_sum=out.delay_sum, timeouts=out.timeouts, overflow=out.overflow, aoi=out.aoi,
-                          energy_j=out.energy_j)
+                          energy_j=out.energy_j, throughput_bytes_per_s=out.throughput_bytes_per_s)
             if totals is None:
                 totals = Totals._make(v.clone() for v in step)
             else:
@@ -464,7 +517,8 @@ def _rollout_backward(tape, g_end: RolloutEnd, g_tot: Totals, send_shape, T: int
         g_queued_t = g_end.queued_msgs if t == T - 1 else (g_tot.offered if t == warmup - 1 else zero)
         step_grads = StepOut(x=g_x, w=g_w, aoi=g_aoi + g_tot.aoi if counted else g_aoi,
                              delivered=kpi.delivered, delay_sum=kpi.delay_sum, timeouts=kpi.timeouts,
-                             overflow=kpi.overflow, energy_j=kpi.energy_j, queued_msgs=g_queued_t)
+                             overflow=kpi.overflow, energy_j=kpi.energy_j,
+                             throughput_bytes_per_s=kpi.throughput_bytes_per_s, queued_msgs=g_queued_t)
         g = _backward(tape[t], step_grads, k, needs)
         g_x, g_w, g_aoi = g.x, g.w, g.aoi
         if free:
@@ -494,7 +548,7 @@ class QARollout(torch.autograd.Function):
     ``(*StepArgs) -> (*RolloutEnd, *kpi.Totals)`` (:func:`~._outputs.split_rollout` names them) with
     ``send`` ``[E, R]`` (the same at every step) or ``[T, E, R]``, and the totals over steps
     ``t >= warmup``: ``_forward`` and
-    ``_backward`` step after step, one node instead of ``T`` step nodes and the ``7 T`` additions
+    ``_backward`` step after step, one node instead of ``T`` step nodes and the ``8 T`` additions
     of the KPI totals, which autograd would record and replay one by one (``qa_step``: ``T = 1``).
     Both walks run under ``torch.inference_mode`` (no version counters or view tracking: ~5 %
     less per op); what leaves the node is copied out of it. Keeps each step's ~45 intermediates
@@ -548,4 +602,4 @@ def qa_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau: floa
                                              tau, tau_n, cfg, compiled))
     return StepOut(x=end.x, w=end.w, aoi=end.aoi, delivered=tot.delivered, delay_sum=tot.delay_sum,
                    timeouts=tot.timeouts, overflow=tot.overflow, energy_j=tot.energy_j,
-                   queued_msgs=end.queued_msgs)
+                   throughput_bytes_per_s=tot.throughput_bytes_per_s, queued_msgs=end.queued_msgs)

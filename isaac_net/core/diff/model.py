@@ -301,7 +301,8 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     # offered and aoi are inputs / outputs already: a compiled graph that returns an alias of
     # its input or one tensor twice pays for it at every call.
     kpis = dict(offered=send, delivered=out.delivered, delay_sum=out.delay_sum, timeouts=out.timeouts,
-                overflow=out.overflow, aoi=out.aoi, energy_j=out.energy_j, queued_msgs=out.queued_msgs)
+                overflow=out.overflow, aoi=out.aoi, energy_j=out.energy_j,
+                throughput_bytes_per_s=out.throughput_bytes_per_s, queued_msgs=out.queued_msgs)
     return FluidState(out.x, out.w, out.aoi), kpis
 
 
@@ -399,8 +400,11 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     w = torch.nn.functional.pad(kept[..., :-1], (1, 0))
     x = torch.nn.functional.pad((x * keep)[..., :-1], (1, 0))
     energy_j = tx_w * tx_s
+    # Goodput: the delivered mass times the message size (the step's: a rollout's sizes are constant).
+    throughput = delivered * msg_bytes * (1.0 / cfg.step_s)
     return StepOut(x=x, w=w, aoi=aoi, delivered=delivered, delay_sum=delay_sum, timeouts=timeouts,
-                   overflow=overflow, energy_j=energy_j, queued_msgs=w.sum(-1))
+                   overflow=overflow, energy_j=energy_j, throughput_bytes_per_s=throughput,
+                   queued_msgs=w.sum(-1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,7 +554,7 @@ class DiffFluid:
         :input snr_db: ``[E, R]`` dB, or :input pos: ``[E, R, 2]`` m with :input tx_dbm: ``[E, R]`` dBm.
         :input deadline: ``[E, R]`` continuous, in ``[1, timeout_steps]`` control steps.
         :output: dict of ``[E, R]`` tensors: offered, delivered, delay_sum, timeouts,
-            overflow, aoi, energy_j, queued_msgs.
+            overflow, aoi, energy_j, throughput_bytes_per_s, queued_msgs.
         """
         send = _validate.per_robot(send, "send", self.E, self.R, self.dtype, self.device)
         _validate.check_range(send, "send", 0.0, 1.0, "send weights in [0, 1]")

@@ -39,7 +39,7 @@ import warnings
 import torch
 from torch import nn
 
-from isaac_net.core import _validate
+from isaac_net.core import _validate, kpi
 from isaac_net.core.config import CellConfig
 from isaac_net.core.diff.reference import discrete_rollout
 
@@ -62,7 +62,7 @@ INPUTS = ("p", "msg_bytes", "snr_db", "ctx_rate", "ctx_load_kb", "ctx_snr_db")
 
 #: Per-robot KPIs the proxy predicts (the keys of the engine's per-robot rollout result):
 #: delay (control steps), delivery ratio, mean AoI (control steps), energy per step (J).
-TARGETS = ("delay", "delivery", "aoi", "energy_j")
+TARGETS = tuple(k.key for k in kpi.PROXY_KPIS)
 
 #: Targets predicted through a sigmoid (within [0, 1] by construction).
 PROB_TARGETS = ("delivery",)
@@ -448,6 +448,22 @@ def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300,
             raise ValueError("y: expected None when x is collect()'s dict (its 'y' is used)")
         meta = x.get("meta") or {}
         x, y = x["x"], x["y"]
+    _check_fit_args(x, y, epochs, batch_size, lr, weight_decay)
+    ranges = _fit_ranges(x, ranges, meta)
+    if fitted_on is None:
+        fitted_on = {k: meta.get(k) for k in FITTED_ON_KEYS}
+    torch.manual_seed(_validate.check_seed(seed))
+    gen = torch.Generator().manual_seed(int(seed))
+    proxy = Proxy(hidden, ranges, fitted_on).to(dtype)
+    x, y = x.to(dtype), y.to(dtype)
+    z, y0, finite = _standardise(proxy, x, y)
+    loss_val = _train(proxy, z, y0, finite, epochs=epochs, lr=lr, batch_size=batch_size,
+                      weight_decay=weight_decay, gen=gen, progress=progress)
+    return proxy.eval(), {"loss": loss_val}
+
+
+def _check_fit_args(x, y, epochs, batch_size, lr, weight_decay) -> None:
+    """:func:`fit`'s samples and settings checked (a TypeError or ValueError naming the first wrong one)."""
     for name, t in (("x", x), ("y", y)):
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
             raise TypeError(f"{name}: expected a floating-point tensor, got "
@@ -475,6 +491,11 @@ def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300,
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 and (v >= 0 if lo_ok else v > 0)):
             raise ValueError(f"{name}: expected a finite number {'>= 0' if lo_ok else '> 0'}, got {v!r}")
+
+
+def _fit_ranges(x, ranges, meta: dict) -> dict:
+    """The training ranges :func:`fit` keeps: ``ranges``, which must be the samples' own (``meta``'s)
+    where they have some, else those, else the inputs' own extent."""
     if ranges is None:
         ranges = meta.get("ranges")
     elif meta.get("ranges") is not None and _resolved_ranges(ranges) != _resolved_ranges(meta["ranges"]):
@@ -482,12 +503,12 @@ def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300,
                          f"{meta['ranges']}")
     if ranges is None:  # the inputs' own extent
         ranges = {k: (float(x[:, i].min()), float(x[:, i].max())) for i, k in enumerate(RANGES)}
-    if fitted_on is None:
-        fitted_on = {k: meta.get(k) for k in FITTED_ON_KEYS}
-    torch.manual_seed(_validate.check_seed(seed))
-    gen = torch.Generator().manual_seed(int(seed))
-    proxy = Proxy(hidden, ranges, fitted_on).to(dtype)
-    x, y = x.to(dtype), y.to(dtype)
+    return ranges
+
+
+def _standardise(proxy: "Proxy", x, y) -> tuple:
+    """Set ``proxy``'s input and target standardisation from the samples (NaN targets left out):
+    ``(z, y0, finite)``, the standardised features, the targets with NaN as 0, where they are finite."""
     f = _features(x)
     finite = torch.isfinite(y)
     y0 = torch.where(finite, y, torch.zeros_like(y))
@@ -500,9 +521,16 @@ def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300,
     proxy.y_mean.copy_(y_mean)
     proxy.y_std.copy_(y_std)
     z = (f - proxy.x_mean) / proxy.x_std
+    return z, y0, finite
+
+
+def _train(proxy: "Proxy", z, y0, finite, *, epochs: int, lr: float, batch_size: int, weight_decay: float,
+           gen: torch.Generator, progress) -> float:
+    """Adam on the standardised squared error of the finite targets, the learning rate on a cosine
+    schedule to ``lr / 20``, ``proxy`` left in train mode: the last epoch's mean loss."""
     opt = torch.optim.Adam(proxy.net.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr / 20)
-    N = x.shape[0]
+    N = z.shape[0]
     epochs_it = range(epochs) if progress is None else progress(range(epochs))
     loss_val = float("nan")
     proxy.train()
@@ -524,7 +552,7 @@ def fit(x, y: torch.Tensor | None = None, *, hidden=(64, 64), epochs: int = 300,
             seen += len(idx)
         sched.step()
         loss_val = total / max(seen, 1)
-    return proxy.eval(), {"loss": loss_val}
+    return loss_val
 
 
 def evaluate(proxy: Proxy, x: torch.Tensor, y: torch.Tensor) -> dict:

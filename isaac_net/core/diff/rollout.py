@@ -9,7 +9,8 @@ from isaac_net.core.diff import relax
 from isaac_net.core.diff.model import DiffFluid
 from isaac_net.core.kpi import KpiAccumulator, check_horizon, send_uniforms
 
-SENDS = ("mean_field", "relaxed", "binary")
+#: The send models a rollout can use (its ``sends`` argument).
+SEND_MODELS = ("mean_field", "relaxed", "binary")
 
 
 def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None, deadline=None,
@@ -47,8 +48,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     """
     if not isinstance(net, DiffFluid):
         raise TypeError(f"net: expected a DiffFluid, got {type(net).__name__}")
-    if sends not in SENDS:
-        raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SENDS)}")
+    if sends not in SEND_MODELS:
+        raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SEND_MODELS)}")
     if not isinstance(step_by_step, bool):
         raise TypeError(f"step_by_step: expected a bool, got {type(step_by_step).__name__}")
     E, R, dt, dev = net.E, net.R, net.dtype, net.device

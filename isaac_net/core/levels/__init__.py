@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from isaac_net.core import _validate
 from isaac_net.core.kpi import KPI_KEYS
 from isaac_net.core.levels.base import DiscreteLevel
 from isaac_net.core.levels.graphed import CudaGraphLevel
-from isaac_net.core.levels.l1 import NetFluid
+from isaac_net.core.levels.l1 import NetL1
 from isaac_net.core.levels.l2_legacy import L2LegacyConfig, NetL2Legacy
 from isaac_net.core.levels.qa import NetQA
 
-LEVELS = {"L1": NetFluid, "QA": NetQA, "L2-legacy": NetL2Legacy}
+LEVELS = {"L1": NetL1, "QA": NetQA, "L2-legacy": NetL2Legacy}
 BACKENDS = ("eager", "compiled", "cuda_graph")
 
 
@@ -42,5 +44,14 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
     return CudaGraphLevel(net) if backend == "cuda_graph" else net
 
 
-__all__ = ["KPI_KEYS", "LEVELS", "CudaGraphLevel", "DiscreteLevel", "L2LegacyConfig", "NetFluid",
+__all__ = ["KPI_KEYS", "LEVELS", "CudaGraphLevel", "DiscreteLevel", "L2LegacyConfig", "NetL1",
            "NetL2Legacy", "NetQA", "make_engine"]
+
+
+def __getattr__(name: str):
+    # NetFluid was the discrete L1 level's name, though "fluid" means the relaxed models (DiffFluid).
+    if name == "NetFluid":
+        warnings.warn("NetFluid is deprecated: the discrete L1 level is NetL1", DeprecationWarning,
+                      stacklevel=2)
+        return NetL1
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,13 +18,15 @@ from isaac_net.core.config import CellConfig
 
 @dataclasses.dataclass
 class Queue:
-    """Compacted FIFO per robot. ``bytes``/``gen`` are ``[E, R, F]``, ``length`` ``[E, R]``.
+    """Compacted FIFO per robot. ``bytes``/``size``/``gen`` are ``[E, R, F]``, ``length`` ``[E, R]``.
 
-    ``bytes`` holds the unserved bytes of each message (0 past ``length``), ``gen`` the
-    control step it was generated in.
+    ``bytes`` holds the unserved bytes of each message (0 past ``length``), ``size`` its bytes at
+    capture (0 past ``length``; what a delivery adds to the throughput, exact whatever the sizes
+    of the messages queued together) and ``gen`` the control step it was generated in.
     """
 
     bytes: torch.Tensor
+    size: torch.Tensor
     gen: torch.Tensor
     length: torch.Tensor
 
@@ -69,7 +71,8 @@ class DiscreteLevel:
 
     ``step`` returns per-robot ``[E, R]`` tensors for the step: ``offered, delivered,
     delay_sum`` (control steps), ``timeouts, overflow, aoi`` (control steps),
-    ``energy_j`` and ``queued_msgs``.
+    ``energy_j``, ``throughput_bytes_per_s`` (the delivered messages' bytes over the step's
+    duration) and ``queued_msgs``.
     """
 
     name = "?"
@@ -95,6 +98,7 @@ class DiscreteLevel:
         self.t_now = torch.zeros((), dtype=torch.long, device=self.device)
         self.queue = Queue(
             bytes=torch.zeros(E, R, F, dtype=dtype, device=self.device),
+            size=torch.zeros(E, R, F, dtype=dtype, device=self.device),
             gen=torch.zeros(E, R, F, dtype=torch.long, device=self.device),
             length=torch.zeros(E, R, dtype=torch.long, device=self.device),
         )
@@ -119,6 +123,7 @@ class DiscreteLevel:
         q = self.queue
         self.queue = Queue(
             bytes=torch.where(m3, torch.zeros_like(q.bytes), q.bytes),
+            size=torch.where(m3, torch.zeros_like(q.size), q.size),
             gen=torch.where(m3, torch.zeros_like(q.gen), q.gen),
             length=torch.where(mask[:, None], torch.zeros_like(q.length), q.length),
         )
@@ -129,12 +134,14 @@ class DiscreteLevel:
         """The tensors that carry the queue from one step to the next, by name: the whole state
         of the capturable levels (L1, QA); L2-legacy adds its own."""
         q = self.queue
-        return {"bytes": q.bytes, "gen": q.gen, "length": q.length, "fresh_gen": self.fresh_gen,
+        return {"bytes": q.bytes, "size": q.size, "gen": q.gen, "length": q.length,
+                "fresh_gen": self.fresh_gen,
                 "t_now": self.t_now}
 
     def load_state(self, state: dict) -> None:
         """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
-        self.queue = Queue(bytes=state["bytes"], gen=state["gen"], length=state["length"])
+        self.queue = Queue(bytes=state["bytes"], size=state["size"], gen=state["gen"],
+                           length=state["length"])
         self.fresh_gen, self.t_now = state["fresh_gen"], state["t_now"]
 
     def step(self, send, msg_bytes, snr_db=None, pos=None, tx_dbm=None, deadline=None) -> dict:
@@ -180,6 +187,7 @@ class DiscreteLevel:
         at_tail = captured.unsqueeze(-1) & (slots == q.length.unsqueeze(-1))
         q = Queue(
             bytes=torch.where(at_tail, msg_bytes.unsqueeze(-1), q.bytes),
+            size=torch.where(at_tail, msg_bytes.unsqueeze(-1), q.size),
             gen=torch.where(at_tail, t_now, q.gen),
             length=q.length + captured.long(),
         )
@@ -192,6 +200,7 @@ class DiscreteLevel:
         done = svc.done & valid
         age = (t_now - q.gen).to(dt)
         delay = torch.where(done, age + svc.finish_s / cfg.step_s, torch.zeros_like(age))
+        delivered_bytes = torch.where(done, q.size, torch.zeros_like(q.size)).sum(-1)
         fresh = torch.where(done, q.gen, torch.full_like(q.gen, -(2**62))).amax(-1)
         self.fresh_gen = torch.maximum(self.fresh_gen, fresh)
 
@@ -202,7 +211,7 @@ class DiscreteLevel:
             timed_out = timed_out | (alive & svc.lost)
         keep = alive & ~timed_out
         self.queue = _compact(Queue(bytes=torch.where(keep, svc.remaining, torch.zeros_like(q.bytes)),
-                                    gen=q.gen, length=q.length), keep)
+                                    size=q.size, gen=q.gen, length=q.length), keep)
         self._age_level()
         self.t = t + 1
         self.t_now = t_now + 1
@@ -218,6 +227,7 @@ class DiscreteLevel:
             "overflow": overflow.to(dt),
             "aoi": aoi,
             "energy_j": energy_j,
+            "throughput_bytes_per_s": delivered_bytes / cfg.step_s,
             "queued_msgs": self.queue.length.to(dt),
         }
 
@@ -232,6 +242,7 @@ def _compact(q: Queue, keep: torch.Tensor) -> Queue:
     k_sorted = torch.gather(keep, -1, order)
     return Queue(
         bytes=torch.where(k_sorted, torch.gather(q.bytes, -1, order), torch.zeros_like(q.bytes)),
+        size=torch.where(k_sorted, torch.gather(q.size, -1, order), torch.zeros_like(q.size)),
         gen=torch.where(k_sorted, torch.gather(q.gen, -1, order), torch.zeros_like(q.gen)),
         length=keep.sum(-1),
     )

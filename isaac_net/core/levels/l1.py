@@ -1,4 +1,5 @@
-"""L1 (NetFluid): equal subband shares among backlogged robots, slot by slot (docs/design.md §2)."""
+"""L1 (NetL1, the discrete L1 level): equal subband shares among backlogged robots, slot by slot
+(docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from isaac_net.core import radio
 from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext, partial_remaining
 
 
-class NetFluid(DiscreteLevel):
+class NetL1(DiscreteLevel):
     """For each of the K UL slots, ``share = S / max(n, 1)`` subbands per backlogged robot,
     ``se = min(log2(1 + snr / max(share, 1)), se_max)``, and ``share * se * subband_hz *
     slot_s / 8`` bytes offered to the robot, served FIFO. Unused capacity is lost.

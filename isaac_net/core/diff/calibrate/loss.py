@@ -12,50 +12,46 @@ import math
 
 import torch
 
-from isaac_net.core.kpi import MIN_COUNT_MSGS
+from isaac_net.core import kpi
 
+# The KPIs a calibration fits: the registry's entries with a loss weight (kpi.KPIS).
+_FITTED = tuple(k for k in kpi.KPIS if k.loss_weight > 0)
 #: The KPIs a calibration fits (batch means per operating point, :func:`group_kpis`), in order.
-TARGET_KPIS = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
-# Weights of the loss terms: squared log errors of delay, AoI, energy; delivery error in units of 0.1.
-LOSS_WEIGHTS = {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5, "delivery_ratio": 1.0}
-DELIVERY_UNIT = 0.1
+TARGET_KPIS = tuple(k.batch_key for k in _FITTED)
+#: Weights of the loss terms (the registry's ``loss_weight``).
+LOSS_WEIGHTS = {k.batch_key: k.loss_weight for k in _FITTED}
+#: Delivery's error is counted in units of this (its registry ``loss_unit``); the others are log errors.
+DELIVERY_UNIT = kpi.BY_BATCH_KEY["delivery_ratio"].loss_unit
 # Weight of the slope term of the loss (the same errors on the change between neighbouring points,
 # :func:`loss`) against the level term's 1: the calibration exists for its gradients.
 SLOPE_WEIGHT = 1.0
 
 
 def group_kpis(res: dict, n_groups: int) -> dict:
-    """Batch KPIs ``[n_groups]`` of consecutive groups of envs from a rollout's per-robot results,
-    defined as the rollout's batch means (``kpi.KpiAccumulator``): delay and delivery totals over
-    totals with the denominator floored at ``kpi.MIN_COUNT_MSGS``, AoI and energy means."""
-
-    def grp(x):
-        return x.reshape(n_groups, -1)
-
-    delivered, offered = grp(res["delivered"]).sum(-1), grp(res["offered"]).sum(-1)
-    return {
-        "mean_delay": grp(res["delay_sum"]).sum(-1) / delivered.clamp_min(MIN_COUNT_MSGS),
-        "delivery_ratio": delivered / offered.clamp_min(MIN_COUNT_MSGS),
-        "mean_aoi": grp(res["aoi"]).mean(-1),
-        "mean_energy_j": grp(res["energy_j"]).mean(-1),
-    }
-
+    """Batch KPIs ``[n_groups]`` of the fitted KPIs of consecutive groups of envs from a rollout's
+    per-robot results, reduced as the rollout's batch means (``kpi.batch_kpis``)."""
+    return kpi.grouped_batch_kpis(res, n_groups, _FITTED)
 
 
 def _errors(model: dict, target: dict) -> tuple[dict, dict]:
-    """Per KPI ``[..., n_points]``: the log error of delay, AoI and energy, the delivery error in units
-    of ``DELIVERY_UNIT``; and where each is defined (``[n_points]`` bools).
+    """Per KPI ``[..., n_points]``: the error in units of its ``loss_unit`` (delivery), else the log
+    error (delay, AoI, energy); and where each is defined (``[n_points]`` bools).
 
     A target that delivered nothing has no delay (its ``mean_delay`` is the convention 0, not a
     delay) and one that sent nothing no energy to compare (0): e.g. a point at ``p = 0``. There the
     log error has no value and its term is left out (0, and so is every change to or from it in the
     slope term); the point still counts its delivery and AoI. A model that delivers nothing where
     the target does keeps an infinite error."""
-    out = {"delivery_ratio": (model["delivery_ratio"] - target["delivery_ratio"]) / DELIVERY_UNIT}
-    defined = {"delivery_ratio": torch.ones_like(target["delivery_ratio"], dtype=torch.bool)}
-    for k in ("mean_delay", "mean_aoi", "mean_energy_j"):
-        defined[k] = target[k] > 0
-        out[k] = torch.where(defined[k], torch.log(model[k]) - torch.log(target[k]), 0.0)
+    out, defined = {}, {}
+    # Unit errors first, then log errors: the loss sums the terms in this order.
+    for k in sorted(_FITTED, key=lambda k: k.loss_unit is None):
+        b = k.batch_key
+        if k.loss_unit is not None:
+            out[b] = (model[b] - target[b]) / k.loss_unit
+            defined[b] = torch.ones_like(target[b], dtype=torch.bool)
+        else:
+            defined[b] = target[b] > 0
+            out[b] = torch.where(defined[b], torch.log(model[b]) - torch.log(target[b]), 0.0)
     return out, defined
 
 
