@@ -131,9 +131,10 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-# The slot loops: "eager" (torch ops, host-side branches skip rare work on the CPU) and "compiled"
-# (the slot body as one compiled kernel, _l2_slot; the same events).
-SLOT_LOOPS = ("eager", "compiled")
+# The slot loops: "numba" (a step's slots as one numba kernel, _l2_numba; the CPU's default), "eager"
+# (torch ops, host-side branches skip rare work on the CPU; any device) and "compiled" (the slot body as
+# one compiled kernel, _l2_slot). The same events from the same seed.
+SLOT_LOOPS = ("numba", "eager", "compiled")
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
 
 
@@ -446,8 +447,10 @@ class NetL2Legacy(DiscreteLevel):
     name = "L2-legacy"
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
-                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None, slot_loop: str = "eager"):
+                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None, slot_loop: str | None = None):
         super().__init__(E, R, device, cfg=cfg, dtype=dtype, seed=seed)
+        if slot_loop is None:  # the numba kernel where it runs (the CPU), else eager torch ops
+            slot_loop = "numba" if self.device.type == "cpu" else "eager"
         if slot_loop not in SLOT_LOOPS:
             raise ValueError(f"slot_loop: expected one of {', '.join(SLOT_LOOPS)}, got {slot_loop!r}")
         self.l2 = l2_cfg if l2_cfg is not None else L2LegacyConfig()
@@ -505,6 +508,13 @@ class NetL2Legacy(DiscreteLevel):
                 raise ValueError("slot_loop: 'compiled' needs l2_cfg.rlc_delay_slots >= 1 and at most 16 "
                                  f"subbands, got {l2.rlc_delay_slots} and {S}; use slot_loop='eager'")
             self._slot_inputs = _l2_slot.constants(self)
+        if slot_loop == "numba":
+            from isaac_net.core.levels import _l2_numba
+
+            if not _l2_numba.available(self.device):
+                raise ValueError(f"slot_loop: 'numba' runs on the CPU, got device={self.device}; "
+                                 "use slot_loop='eager'")
+            self._slot_inputs = _l2_numba.constants(self)
 
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
@@ -558,14 +568,19 @@ class NetL2Legacy(DiscreteLevel):
             from isaac_net.core.levels import _l2_slot
 
             return _l2_slot.serve(self, q, ctx)
+        if self.slot_loop == "numba" and self.trace is None:
+            from isaac_net.core.levels import _l2_numba
+
+            return _l2_numba.serve(self, q, ctx)
         return self._serve_eager(q, ctx)
 
-    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor):
-        """Per UL slot of step ``t`` (either slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
+    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor,
+                       estimate=None):
+        """Per UL slot of step ``t`` (every slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
         (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``) and the gNB's
-        :class:`Estimate` of it ``est_delay_slots`` old. The fading blocks the step drew
-        (``_draw_step``) enter the ring as they start; each of the two is recomputed only when its
-        block changes (the same objects otherwise)."""
+        :class:`Estimate` of it ``est_delay_slots`` old (or what ``estimate(level, x_est)`` makes of
+        it). The fading blocks the step drew (``_draw_step``) enter the ring as they start; each of
+        the two is recomputed only when its block changes (the same objects otherwise)."""
         l2, K, H, coh = self.l2, self.cfg.num_slots, self._num_blocks, self.l2.coh_slots
         gains, b_now, b_est = self.gains, None, None
         for k in range(K):
@@ -577,7 +592,8 @@ class NetL2Legacy(DiscreteLevel):
                 rx_now = snr3 * gains[b_now % H]
             if (s - l2.est_delay_slots) // coh != b_est:
                 b_est = (s - l2.est_delay_slots) // coh
-                est = self._estimate(snr3 * gains[b_est % H])
+                x_est = snr3 * gains[b_est % H]
+                est = self._estimate(x_est) if estimate is None else estimate(self, x_est)
             yield k, s, rx_now, est
 
     def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
