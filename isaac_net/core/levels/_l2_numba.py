@@ -52,9 +52,10 @@ def _fma(typingctx, a, b, c):
     return a(a, b, c), codegen
 
 
-@numba.njit(cache=True)
-def _aten_sum(x, n, lanes):
-    """``x[:n].sum()`` added in the order of ATen's CPU sum over a contiguous last dimension.
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _aten_sum(x, lanes, p):
+    """``x.sum()`` added in the order of ATen's CPU sum over a contiguous last dimension (``p``: scratch
+    of at least ``4 * lanes``).
 
     Below ``lanes`` (the SIMD width in elements) a scalar loop keeps 4 partial sums (element ``i``
     in partial ``i % 4``, the tail in partial 0) and adds them in order; from ``lanes`` on, lane
@@ -62,54 +63,53 @@ def _aten_sum(x, n, lanes):
     whole vector is summed first, then each lane is added in order. (ATen's cascade levels start at
     16 rows: a few hundred subbands; here the rows are fewer.)
     """
-    zero = x[0] - x[0]
-    if n < lanes:
-        p = np.zeros(4, x.dtype)
-        rows = n // 4
-        for i in range(rows):
-            for k in range(4):
-                p[k] += x[4 * i + k]
-        for i in range(rows * 4, n):
-            p[0] += x[i]
-        return ((p[0] + p[1]) + p[2]) + p[3]
-    nvec = n // lanes
-    p = np.zeros((4, lanes), x.dtype)
+    n = x.shape[0]
+    width = lanes if n >= lanes else 1
+    nvec = n // width
+    for i in range(4 * width):
+        p[i] = 0
     rows = nvec // 4
-    for i in range(rows):
-        for k in range(4):
-            for lane in range(lanes):
-                p[k, lane] += x[(4 * i + k) * lanes + lane]
+    for i in range(rows * 4):
+        for lane in range(width):
+            p[(i % 4) * width + lane] += x[i * width + lane]
     for v in range(rows * 4, nvec):
-        for lane in range(lanes):
-            p[0, lane] += x[v * lanes + lane]
+        for lane in range(width):
+            p[lane] += x[v * width + lane]
     for k in range(1, 4):
-        for lane in range(lanes):
-            p[0, lane] += p[k, lane]
-    total = zero
-    for i in range(nvec * lanes, n):
+        for lane in range(width):
+            p[lane] += p[k * width + lane]
+    if width == 1:
+        return p[0]
+    total = x[0] - x[0]
+    for i in range(nvec * width, n):
         total += x[i]
-    for lane in range(lanes):
-        total += p[0, lane]
+    for lane in range(width):
+        total += p[lane]
     return total
 
 
-@numba.njit(cache=True)
-def _effective_sinr(x, is_sb, n_f, n_sb, terms, lanes, one):
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _effective_sinr(x, is_sb, n_f, terms, lanes, one):
     """Shannon MIESM of one TB (:func:`~.l2_mechanisms.effective_sinr_lin`): ``x`` ``[S]`` SINR with the
-    full power in one subband, split over ``n_f`` (>= 1) subbands; ``is_sb`` ``[S]`` bool."""
-    for j in range(x.shape[0]):
+    full power in one subband, split over ``n_f`` (>= 1) subbands; ``is_sb`` ``[S]`` bool; ``terms``
+    scratch of ``S + 4 * lanes``."""
+    S = x.shape[0]
+    for j in range(S):
         terms[j] = np.log2(x[j] / n_f + one) if is_sb[j] else one - one
-    return np.exp2(_aten_sum(terms, x.shape[0], lanes) / n_f) - one
+    return np.exp2(_aten_sum(terms[:S], lanes, terms[S:]) / n_f) - one
 
 
-@numba.njit(cache=True)
-def _send(e, r, k, s, ints, consts, bler_b, nf, unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot,
-          held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first, gr_sb, gr_mcs, gr_tbs,
-          rx, nack_below, counts, content, is_sb, terms):
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content, is_sb,
+          terms):
     """Robot ``r`` of env ``e`` in slot ``s`` (``k`` in the step): the retransmission due now or a new TB
-    on the grant, its HARQ feedback, delivery, RLC failure and the HARQ process after it (the eager
-    :func:`~.l2_legacy.transmit`, :func:`~.l2_legacy.deliver`, :func:`~.l2_legacy.rlc_failure`,
-    :func:`~.l2_legacy.harq_next`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
+    on the grant, its HARQ feedback and the HARQ process after it (the eager
+    :func:`~.l2_legacy.transmit` and :func:`~.l2_legacy.harq_next`; :func:`_acked_or_failed` for the
+    rest). ``msgs``, ``harq``, ``grants``: the per-message fields, HARQ and grant rings
+    (:func:`_step_kernel`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
+    unsched = msgs[0]
+    hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
+    gr_sb, gr_mcs, gr_tbs = grants
     A, S = unsched.shape[2], is_sb.shape[0]
     p, g = s % ints[2], s % ints[3]
     zero = consts[0] - consts[0]
@@ -125,26 +125,55 @@ def _send(e, r, k, s, ints, consts, bler_b, nf, unsched, bytes_, finish_slot, us
     is_retx = hq_active[p, e, r]
     is_new = tb_bytes > zero
     is_tx = is_retx or is_new
-    n_sb = 0
     for j in range(S):  # the retransmission's subbands or the grant's (never both)
         is_sb[j] = hq_sb[p, e, r, j] or gr_sb[g, e, r, j]
-        n_sb += is_sb[j]
-    n_f = nf[max(n_sb, 1)]
-    acc = hq_acc[p, e, r] + _effective_sinr(rx[e, r], is_sb, n_f, n_sb, terms, ints[10], nf[1])  # chase
     mcs = hq_mcs[p, e, r] if is_retx else gr_mcs[g, e, r]
-    nack = is_tx and consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]
-    ntx = hq_ntx[p, e, r] + 1
-    fail = nack and ntx >= ints[6]
-    first = s if is_new else hq_first[p, e, r]
-    ack = is_tx and not nack
-    n_round, n_lost = 0, 0
+    nack, fail, acc, ntx = False, False, zero, hq_ntx[p, e, r] + 1
+    if is_tx:  # (without a transmission the SINR is not used: the process is emptied)
+        n_sb = 0
+        for j in range(S):
+            n_sb += is_sb[j]
+        acc = hq_acc[p, e, r] + _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)], terms, ints[10], nf[1])
+        nack = consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]  # u < BLER, in logit form
+        fail = nack and ntx >= ints[6]
+        first = s if is_new else hq_first[p, e, r]
+        n_round, n_lost = _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first)
+        counts[4, e, r] += n_round
+        counts[5, e, r] += n_lost
+        hq_first[p, e, r] = first
+    # HARQ: a NACKed TB short of its last transmission waits for the RTT.
+    keep = nack and not fail
+    hq_active[p, e, r] = keep
     for a in range(A):
-        if ack:  # the TB's bytes leave the queue; a message is done with its last byte
+        hq_content[p, e, r, a] = content[a] if keep else zero
+    for j in range(S):
+        hq_sb[p, e, r, j] = is_sb[j] and keep
+    hq_mcs[p, e, r] = mcs
+    hq_acc[p, e, r] = acc if keep else zero
+    hq_ntx[p, e, r] = ntx if keep else 0
+    counts[0, e, r] += is_new
+    counts[1, e, r] += nack and is_new
+    counts[2, e, r] += is_retx
+    counts[3, e, r] += fail
+    counts[7, e, r] += is_tx
+    return is_new, nack, tb_bytes, cum
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first):
+    """A TB's feedback for its messages (the eager :func:`~.l2_legacy.deliver` and
+    :func:`~.l2_legacy.rlc_failure`): ACK, its bytes leave the queue and a message is done with its
+    last byte; HARQ failure, RLC resends the bytes after ``rlc_delay_slots`` in the message's round
+    or a new one, or the message is lost. ``first``: the TB's first slot. :output: ``(rounds, lost)``."""
+    unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held = msgs
+    n_round, n_lost = 0, 0
+    for a in range(content.shape[0]):
+        if not nack:
             bytes_[e, r, a] -= content[a]
             if bytes_[e, r, a] <= zero:
                 bytes_[e, r, a] = np.inf
                 finish_slot[e, r, a] += k + 1
-        if fail and content[a] > zero and usable[e, r, a]:  # RLC: a new round, the same round, or lost
+        elif fail and content[a] > zero and usable[e, r, a]:
             is_round = first >= round_slot[e, r, a]
             if is_round and rlc_cnt[e, r, a] >= ints[7]:
                 usable[e, r, a] = False
@@ -157,26 +186,10 @@ def _send(e, r, k, s, ints, consts, bler_b, nf, unsched, bytes_, finish_slot, us
                 round_slot[e, r, a] = s + ints[5]
                 n_round += 1
             held[(s + ints[5]) % ints[4], e, r, a] += content[a]
-    # HARQ: a NACKed TB short of its last transmission waits for the RTT.
-    keep = nack and not fail
-    hq_active[p, e, r] = keep
-    for a in range(A):
-        hq_content[p, e, r, a] = content[a] if keep else zero
-    for j in range(S):
-        hq_sb[p, e, r, j] = is_sb[j] and keep
-    hq_mcs[p, e, r] = mcs
-    hq_acc[p, e, r] = acc if keep else zero
-    hq_ntx[p, e, r] = ntx if keep else 0
-    hq_first[p, e, r] = first
-    for i, event in enumerate((is_new, nack and is_new, is_retx, fail)):
-        counts[i, e, r] += event
-    counts[4, e, r] += n_round
-    counts[5, e, r] += n_lost
-    counts[7, e, r] += is_tx
-    return is_new, nack, tb_bytes, cum
+    return n_round, n_lost
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offered_to):
     """:func:`~.l2_mechanisms.pf_allocate_envs_last` for one env: ``metric`` ``[R, S]``, ``need_left``
     ``[R]`` (clamped to ``[0, S]``, counted down), ``is_open`` ``[S]`` (updated), ``order`` ``[R, S]``
@@ -184,8 +197,12 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
     goes to the first robot at its best metric among those still needing subbands; a robot keeps
     the first offered in its own order up to its need; a declined subband reopens."""
     R, S = metric.shape
-    alloc[:] = False
+    for r in range(R):
+        for j in range(S):
+            alloc[r, j] = False
     for i in range(rounds):
+        for r in range(R):
+            kept_n[r] = 0  # first the offers per robot
         for j in range(S):
             offered_to[j] = -1
             if is_open[j]:
@@ -193,32 +210,50 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
                 for r in range(R):
                     if need_left[r] > 0 and metric[r, j] > best:
                         best, offered_to[j] = metric[r, j], r
+                if offered_to[j] >= 0:
+                    kept_n[offered_to[j]] += 1
         for r in range(R):
+            if kept_n[r] <= need_left[r]:  # it keeps every offer
+                continue
             kept_n[r] = 0
-            for pos in range(S):
+            for pos in range(S):  # its best offers first
                 j = order[r, pos]
-                if offered_to[j] == r and kept_n[r] < need_left[r]:
-                    alloc[r, j] = True
-                    kept_n[r] += 1
+                if offered_to[j] == r:
+                    if kept_n[r] < need_left[r]:
+                        kept_n[r] += 1
+                    else:
+                        offered_to[j] = -2  # declined
+        for j in range(S):
+            if offered_to[j] >= 0:
+                alloc[offered_to[j], j] = True
         if i + 1 < rounds:
+            any_open = False
             for j in range(S):  # a subband nobody wanted stays unwanted; a declined one reopens
-                is_open[j] = offered_to[j] >= 0 and not alloc[offered_to[j], j]
+                is_open[j] = offered_to[j] == -2
+                any_open |= is_open[j]
+            if not any_open:  # nothing changes any more
+                break
             for r in range(R):
                 need_left[r] -= kept_n[r]
 
 
-@numba.njit(cache=True)
-def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, hq_active, hq_sb, gr_sb, gr_mcs, gr_tbs, known,
-           outstanding, olla_db, avg_thr, est_x, est_se, est_order, est_cap, est_max_sb, scratch):
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding, olla_db,
+           avg_thr, est, scratch):
     """The grant of env ``e`` for slot ``s + k2`` on the subbands that slot's retransmissions leave
     free (the eager :func:`~.l2_legacy.grant`): PF up to each robot's need, the MCS from the estimate
-    less the OLLA offset. ``est_*`` ``[R(, S)]``: the gNB's estimate; ``scratch``: work arrays."""
-    metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch
+    less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
+    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays."""
+    metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch[:7]
+    est_x, est_se, est_order, est_cap, est_max_sb = est
+    hq_active, hq_sb = harq[0], harq[2]
+    gr_sb, gr_mcs, gr_tbs = grants
     R, S = metric.shape
     then, g = (s + ints[3]) % ints[2], s % ints[3]
     zero = consts[0] - consts[0]
     for j in range(S):
         is_open[j] = True
+    total_need = 0
     for r in range(R):
         known_t = zero if hq_active[then, e, r] else known[e, r]
         need = 0
@@ -228,24 +263,37 @@ def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, hq_active, hq_sb, gr_sb, 
                 short += est_cap[r, n] < known_t
             need = min(short + 1, est_max_sb[r])
         need_left[r] = min(need, S)
+        total_need += need_left[r]
         floor_avg = max(avg_thr[e, r], consts[6])
         for j in range(S):
-            metric[r, j] = est_se[r, j] / floor_avg
+            if need > 0:  # (PF reads no other robot's metric)
+                metric[r, j] = est_se[r, j] / floor_avg
             if hq_sb[then, e, r, j]:
                 is_open[j] = False
-    _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to)
+    if total_need > 0:
+        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to)
+    else:
+        for r in range(R):
+            for j in range(S):
+                alloc[r, j] = False
     for r in range(R):
         n_alloc = 0
         for j in range(S):
             n_alloc += alloc[r, j]
             gr_sb[g, e, r, j] = alloc[r, j]
-        n_f = nf[max(n_alloc, 1)]
-        eff = _effective_sinr(est_x[r], alloc[r], n_f, n_alloc, terms, ints[10], nf[1])
-        x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
-        mcs = 0  # the highest MCS whose bound is at most the estimate (MCS 0 if none)
-        for m in range(sel_db.shape[0]):
-            mcs += sel_db[m] <= x_db
-        mcs = max(mcs - 1, 0)
+        x_db = floor_db - olla_db[e, r]
+        if n_alloc > 0:
+            eff = _effective_sinr(est_x[r], alloc[r], nf[n_alloc], terms, ints[10], nf[1])
+            x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
+        # The highest MCS whose bound is at most the estimate (MCS 0 if none): the bounds are sorted.
+        lo, hi = 0, sel_db.shape[0]
+        while lo < hi:  # lo: how many bounds are <= x_db
+            mid = (lo + hi) // 2
+            if sel_db[mid] <= x_db:
+                lo = mid + 1
+            else:
+                hi = mid
+        mcs = max(lo - 1, 0)
         tbs = np.floor(nf[n_alloc] * tbs_per_sb[mcs])
         gr_mcs[g, e, r] = mcs
         gr_tbs[g, e, r] = tbs
@@ -253,11 +301,11 @@ def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, hq_active, hq_sb, gr_sb, 
         outstanding[e, r] += tbs
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack_below, rx, rx_of_slot, est_x,
                  est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot, usable,
                  rlc_cnt, round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first,
-                 gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts):
+                 gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts, scratch):
     """Every UL slot of step ``t`` for every env and robot, state written in place (shapes as in
     :class:`~.l2_legacy.L2State`; ``rx`` ``[blocks, E, R, S]`` the channel per fading block,
     ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
@@ -266,9 +314,11 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
     S = hq_sb.shape[3]
     t, K, D, delay = ints[0], ints[1], ints[4], ints[5]
     zero = consts[0] - consts[0]
-    content, is_sb, terms = np.empty(A, unsched.dtype), np.empty(S, np.bool_), np.empty(S, unsched.dtype)
-    scratch = (np.empty((R, S), unsched.dtype), np.empty(R, np.int64), np.empty(S, np.bool_),
-               np.empty((R, S), np.bool_), np.empty(R, np.int64), np.empty(S, np.int64), terms)
+    msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held)
+    harq = (hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first)
+    grants = (gr_sb, gr_mcs, gr_tbs)
+    content, is_sb, terms = scratch[7], scratch[8], scratch[6]
+    floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
     for e in range(E):  # the envs are independent: one at a time, all its slots
         for k in range(K):
             s = t * K + k
@@ -279,10 +329,8 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
                     held[s % D, e, r, a] = zero
             b, c = rx_of_slot[k], est_of_slot[k]
             for r in range(R):
-                is_new, nack, tb_bytes, sendable = _send(
-                    e, r, k, s, ints, consts, bler_b, nf, unsched, bytes_, finish_slot, usable, rlc_cnt,
-                    round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first, gr_sb,
-                    gr_mcs, gr_tbs, rx[b], nack_below, counts, content, is_sb, terms)
+                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants,
+                                                         rx[b], nack_below, counts, content, is_sb, terms)
                 if is_new:  # OLLA on first transmissions
                     step_db = consts[1] if nack else -consts[2]
                     olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
@@ -297,9 +345,9 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
                         and outstanding[e, r] <= zero):
                     known[e, r] = consts[5]
                     counts[6, e, r] += 1
-            _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, hq_active, hq_sb, gr_sb, gr_mcs, gr_tbs, known,
-                   outstanding, olla_db, avg_thr, est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e],
-                   est_max_sb[c, e], scratch)
+            est = (est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e], est_max_sb[c, e])
+            _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+                   olla_db, avg_thr, est, scratch)
 
 
 def available(device: torch.device) -> bool:
@@ -373,12 +421,16 @@ def serve(level, q, ctx):
     est, est_of_slot = _by_block([x[3] for x in slots])
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
     counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
+    S, dt = cfg.num_subbands, inputs["consts"].dtype
+    scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
+               np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
+               np.empty(A, dt), np.empty(S, np.bool_))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, inputs["consts"], *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(),
                  rx_of_slot, *(x.numpy() for x in est), est_of_slot,
                  *(x.numpy() for x in (unsched, bytes_, finish_slot, usable)),
-                 *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts)
+                 *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
     counts = torch.from_numpy(counts)
     for key, c in zip(COUNTS, counts, strict=True):
         if key in level.counters:
