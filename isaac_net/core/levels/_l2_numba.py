@@ -165,7 +165,7 @@ def _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first):
     :func:`~.l2_legacy.rlc_failure`): ACK, its bytes leave the queue and a message is done with its
     last byte; HARQ failure, RLC resends the bytes after ``rlc_delay_slots`` in the message's round
     or a new one, or the message is lost. ``first``: the TB's first slot. :output: ``(rounds, lost)``."""
-    unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held = msgs
+    unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any = msgs
     n_round, n_lost = 0, 0
     for a in range(content.shape[0]):
         if not nack:
@@ -186,6 +186,7 @@ def _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first):
                 round_slot[e, r, a] = s + ints[5]
                 n_round += 1
             held[(s + ints[5]) % ints[4], e, r, a] += content[a]
+            held_any[(s + ints[5]) % ints[4]] = True
     return n_round, n_lost
 
 
@@ -314,19 +315,26 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
     S = hq_sb.shape[3]
     t, K, D, delay = ints[0], ints[1], ints[4], ints[5]
     zero = consts[0] - consts[0]
-    msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held)
+    held_any = scratch[9]  # per slot of the RLC ring: whether the env's entry may hold bytes
+    msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any)
     harq = (hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first)
     grants = (gr_sb, gr_mcs, gr_tbs)
     content, is_sb, terms = scratch[7], scratch[8], scratch[6]
     floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
     for e in range(E):  # the envs are independent: one at a time, all its slots
+        for d in range(D):
+            held_any[d] = False
+            for r in range(R):
+                for a in range(A):
+                    held_any[d] |= held[d, e, r, a] != zero
         for k in range(K):
             s = t * K + k
-            for r in range(R):  # RLC: bytes held since s - rlc_delay are back (a lost message's vanish)
+            for r in range(R * held_any[s % D]):  # RLC: bytes held since s - rlc_delay are back
                 for a in range(A):
-                    if usable[e, r, a]:
+                    if usable[e, r, a]:  # (a lost message's vanish)
                         unsched[e, r, a] += held[s % D, e, r, a]
                     held[s % D, e, r, a] = zero
+            held_any[s % D] = False
             b, c = rx_of_slot[k], est_of_slot[k]
             for r in range(R):
                 is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants,
@@ -424,7 +432,7 @@ def serve(level, q, ctx):
     S, dt = cfg.num_subbands, inputs["consts"].dtype
     scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
-               np.empty(A, dt), np.empty(S, np.bool_))
+               np.empty(A, dt), np.empty(S, np.bool_), np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, inputs["consts"], *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(),
