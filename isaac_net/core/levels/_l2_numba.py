@@ -207,12 +207,15 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
         for j in range(S):
             offered_to[j] = -1
             if is_open[j]:
-                best = -np.inf
-                for r in range(R):
-                    if need_left[r] > 0 and metric[r, j] > best:
-                        best, offered_to[j] = metric[r, j], r
-                if offered_to[j] >= 0:
-                    kept_n[offered_to[j]] += 1
+                best, who = -np.inf, -1
+                for r in range(R):  # (selects, not branches: the comparisons are unpredictable)
+                    m = metric[r, j] if need_left[r] > 0 else -np.inf
+                    better = m > best
+                    best = m if better else best
+                    who = r if better else who
+                offered_to[j] = who
+                if who >= 0:
+                    kept_n[who] += 1
         for r in range(R):
             if kept_n[r] <= need_left[r]:  # it keeps every offer
                 continue
