@@ -315,8 +315,7 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
     ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
     likewise for the estimate; ``nack_below`` ``[K, E, R]``; ``counts`` ``[len(COUNTS), E, R]`` int64)."""
     E, R, A = unsched.shape
-    S = hq_sb.shape[3]
-    t, K, D, delay = ints[0], ints[1], ints[4], ints[5]
+    t, K, D = ints[0], ints[1], ints[4]
     zero = consts[0] - consts[0]
     held_any = scratch[9]  # per slot of the RLC ring: whether the env's entry may hold bytes
     msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any)
@@ -340,8 +339,9 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
             held_any[s % D] = False
             b, c = rx_of_slot[k], est_of_slot[k]
             for r in range(R):
-                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants,
-                                                         rx[b], nack_below, counts, content, is_sb, terms)
+                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq,
+                                                         grants, rx[b], nack_below, counts, content, is_sb,
+                                                         terms)
                 if is_new:  # OLLA on first transmissions
                     step_db = consts[1] if nack else -consts[2]
                     olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
@@ -373,12 +373,14 @@ def constants(level) -> dict:
     # default dtype: the same values here.
     step_db = torch.tensor([l2.olla_up_db, l2.olla_down_db], dtype=torch.get_default_dtype()).tolist()
     values = {"bler_c": level._bler_c, "olla_up_db": step_db[0], "olla_down_db": step_db[1],
-              "olla_max_db": l2.olla_max_db, "pf_weight": 1.0 - l2.pf_beta, "sr_grant_bytes": l2.sr_grant_bytes,
+              "olla_max_db": l2.olla_max_db, "pf_weight": 1.0 - l2.pf_beta,
+              "sr_grant_bytes": l2.sr_grant_bytes,
               "avg_floor": 1e-3, "sinr_floor_lin": 1e-30, "ten": 10.0}
     # ATen's SIMD width (its sums add lane by lane): 512 bits with AVX-512, 256 otherwise.
     lanes = (64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32) // dt.itemsize
     ints = {"num_slots": cfg.num_slots, "harq_rtt": l2.harq_rtt_slots, "k2": l2.k2_slots,
-            "rlc_ring": l2.rlc_delay_slots + 1, "rlc_delay": l2.rlc_delay_slots, "harq_max_tx": l2.harq_max_tx,
+            "rlc_ring": l2.rlc_delay_slots + 1, "rlc_delay": l2.rlc_delay_slots,
+            "harq_max_tx": l2.harq_max_tx,
             "rlc_max_retx": l2.rlc_max_retx, "sr_period": l2.sr_period_slots, "pf_rounds": l2.pf_rounds,
             "simd_lanes": lanes}
     return {
@@ -435,7 +437,8 @@ def serve(level, q, ctx):
     S, dt = cfg.num_subbands, inputs["consts"].dtype
     scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
-               np.empty(A, dt), np.empty(S, np.bool_), np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
+               np.empty(A, dt), np.empty(S, np.bool_),
+               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, inputs["consts"], *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(),
