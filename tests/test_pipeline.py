@@ -966,14 +966,19 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
-        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete", "discrete, compiled slot",
-        "compiled, first call, fresh machine", "compiled, first call, cold cache",
-        "compiled, first call, warm cache"}
-    # L2-legacy's compiled slot loop beside its eager step, one thread, at each E; never on CUDA
-    slot = [j for j in cpu if j.get("backend") == "compiled"]
-    assert sorted((j["name"], j["E"], j["threads"]) for j in slot) == [
-        ("L2-legacy", E, 1) for E in params["E"]]
-    assert not any(j.get("backend") == "compiled" for j in gpu)
+        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete", "discrete, eager slot loop",
+        "discrete, numba slot loop", "compiled, first call, fresh machine", "compiled, first call, cold cache",
+        "compiled, first call, warm cache", "discrete, numba first call, cold cache",
+        "discrete, numba first call, warm cache"}
+    # L2-legacy's slot loops side by side, one thread, at each of their E; never on CUDA
+    l2 = params["l2_backends"]
+    slot = [j for j in cpu if j.get("backend") in ("eager", "numba") and not j.get("cache")]
+    assert sorted((j["name"], j["E"], j["threads"], j["backend"]) for j in slot) == sorted(
+        ("L2-legacy", E, 1, b) for E in l2["E"] for b in ("eager", "numba"))
+    assert not any(j.get("backend") in ("eager", "numba") for j in gpu)
+    # its numba kernel's first calls come first, cold before warm (the stage's numba cache is empty)
+    assert [(j.get("backend"), j.get("cache")) for j in cpu[:2]] == [("numba", "cold"), ("numba", "warm")]
+    cpu = cpu[2:]
     assert {j["name"] for j in cpu if cost._variant(j) == "compiled"} == {"L1", "QA"}
     extra = [E for E in params["speedup_E"] if E not in params["E"]]
     assert sorted((j["E"], j["compile"]) for j in cpu if j["name"] == "QA" and j["E"] in extra) == sorted(
