@@ -100,8 +100,8 @@ def _effective_sinr(x, is_sb, n_f, terms, lanes, one):
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content, is_sb,
-          terms):
+def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content,
+          is_sb, terms):
     """Robot ``r`` of env ``e`` in slot ``s`` (``k`` in the step): the retransmission due now or a new TB
     on the grant, its HARQ feedback and the HARQ process after it (the eager
     :func:`~.l2_legacy.transmit` and :func:`~.l2_legacy.harq_next`; :func:`_acked_or_failed` for the
@@ -111,7 +111,7 @@ def _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_bel
     hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
     gr_sb, gr_mcs, gr_tbs = grants
     A, S = unsched.shape[2], is_sb.shape[0]
-    p, g = s % ints[2], s % ints[3]
+    p, g = ix[k, 0], ix[k, 1]
     zero = consts[0] - consts[0]
     # A new TB takes the oldest bytes not in a TB (whole bytes: the arithmetic is exact).
     tbs, cum, tb_bytes = gr_tbs[g, e, r], zero, zero
@@ -137,7 +137,7 @@ def _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_bel
         nack = consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]  # u < BLER, in logit form
         fail = nack and ntx >= ints[6]
         first = s if is_new else hq_first[p, e, r]
-        n_round, n_lost = _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first)
+        n_round, n_lost = _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, first)
         counts[4, e, r] += n_round
         counts[5, e, r] += n_lost
         hq_first[p, e, r] = first
@@ -160,7 +160,7 @@ def _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_bel
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first):
+def _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, first):
     """A TB's feedback for its messages (the eager :func:`~.l2_legacy.deliver` and
     :func:`~.l2_legacy.rlc_failure`): ACK, its bytes leave the queue and a message is done with its
     last byte; HARQ failure, RLC resends the bytes after ``rlc_delay_slots`` in the message's round
@@ -185,8 +185,8 @@ def _acked_or_failed(e, r, k, s, ints, zero, msgs, content, nack, fail, first):
                 rlc_cnt[e, r, a] += 1
                 round_slot[e, r, a] = s + ints[5]
                 n_round += 1
-            held[(s + ints[5]) % ints[4], e, r, a] += content[a]
-            held_any[(s + ints[5]) % ints[4]] = True
+            held[ix[k, 4], e, r, a] += content[a]
+            held_any[ix[k, 4]] = True
     return n_round, n_lost
 
 
@@ -207,14 +207,13 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
         for j in range(S):
             offered_to[j] = -1
             if is_open[j]:
-                best, who = -np.inf, -1
-                for r in range(R):  # (selects, not branches: the comparisons are unpredictable)
-                    m = metric[r, j] if need_left[r] > 0 else -np.inf
-                    better = m > best
-                    best = m if better else best
+                best, who = metric[0, j], 0
+                for r in range(1, R):  # (selects, not branches: the comparisons are unpredictable)
+                    better = metric[r, j] > best
+                    best = metric[r, j] if better else best
                     who = r if better else who
-                offered_to[j] = who
-                if who >= 0:
+                if best > -np.inf:
+                    offered_to[j] = who
                     kept_n[who] += 1
         for r in range(R):
             if kept_n[r] <= need_left[r]:  # it keeps every offer
@@ -230,6 +229,10 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
         for j in range(S):
             if offered_to[j] >= 0:
                 alloc[offered_to[j], j] = True
+        for r in range(R):
+            if kept_n[r] >= need_left[r]:  # its need is met: it takes no part in the next round
+                for j in range(S):
+                    metric[r, j] = -np.inf
         if i + 1 < rounds:
             any_open = False
             for j in range(S):  # a subband nobody wanted stays unwanted; a declined one reopens
@@ -242,8 +245,8 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding, olla_db,
-           avg_thr, est, scratch):
+def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+           olla_db, avg_thr, est, scratch):
     """The grant of env ``e`` for slot ``s + k2`` on the subbands that slot's retransmissions leave
     free (the eager :func:`~.l2_legacy.grant`): PF up to each robot's need, the MCS from the estimate
     less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
@@ -253,7 +256,7 @@ def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, k
     hq_active, hq_sb = harq[0], harq[2]
     gr_sb, gr_mcs, gr_tbs = grants
     R, S = metric.shape
-    then, g = (s + ints[3]) % ints[2], s % ints[3]
+    then, g = ix[k, 2], ix[k, 1]
     zero = consts[0] - consts[0]
     for j in range(S):
         is_open[j] = True
@@ -269,9 +272,8 @@ def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, k
         need_left[r] = min(need, S)
         total_need += need_left[r]
         floor_avg = max(avg_thr[e, r], consts[6])
-        for j in range(S):
-            if need > 0:  # (PF reads no other robot's metric)
-                metric[r, j] = est_se[r, j] / floor_avg
+        for j in range(S):  # -inf: a robot that needs nothing takes no part
+            metric[r, j] = est_se[r, j] / floor_avg if need > 0 else -np.inf
             if hq_sb[then, e, r, j]:
                 is_open[j] = False
     if total_need > 0:
@@ -306,14 +308,15 @@ def _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, k
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
-def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack_below, rx, rx_of_slot, est_x,
-                 est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot, usable,
+def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack_below, rx, rx_of_slot,
+                 est_x, est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot, usable,
                  rlc_cnt, round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first,
                  gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts, scratch):
     """Every UL slot of step ``t`` for every env and robot, state written in place (shapes as in
     :class:`~.l2_legacy.L2State`; ``rx`` ``[blocks, E, R, S]`` the channel per fading block,
     ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
-    likewise for the estimate; ``nack_below`` ``[K, E, R]``; ``counts`` ``[len(COUNTS), E, R]`` int64)."""
+    likewise for the estimate; ``nack_below`` ``[K, E, R]``; ``counts`` ``[len(COUNTS), E, R]`` int64;
+    ``ix`` ``[K, 6]`` each slot's ring entries, :func:`_ring_entries`)."""
     E, R, A = unsched.shape
     t, K, D = ints[0], ints[1], ints[4]
     zero = consts[0] - consts[0]
@@ -331,15 +334,16 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
                     held_any[d] |= held[d, e, r, a] != zero
         for k in range(K):
             s = t * K + k
-            for r in range(R * held_any[s % D]):  # RLC: bytes held since s - rlc_delay are back
+            d = ix[k, 3]
+            for r in range(R * held_any[d]):  # RLC: bytes held since s - rlc_delay are back
                 for a in range(A):
                     if usable[e, r, a]:  # (a lost message's vanish)
-                        unsched[e, r, a] += held[s % D, e, r, a]
-                    held[s % D, e, r, a] = zero
-            held_any[s % D] = False
+                        unsched[e, r, a] += held[d, e, r, a]
+                    held[d, e, r, a] = zero
+            held_any[d] = False
             b, c = rx_of_slot[k], est_of_slot[k]
             for r in range(R):
-                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ints, consts, bler_b, nf, msgs, harq,
+                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq,
                                                          grants, rx[b], nack_below, counts, content, is_sb,
                                                          terms)
                 if is_new:  # OLLA on first transmissions
@@ -347,17 +351,17 @@ def _step_kernel(ints, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack
                     olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
                 avg_thr[e, r] = _fma(consts[4], tb_bytes - avg_thr[e, r], avg_thr[e, r])  # ATen's lerp
                 # BSR with a TB on a grant; an SR at the robot's occasion if nothing is known or granted.
-                tbs = gr_tbs[s % ints[3], e, r]
+                tbs = gr_tbs[ix[k, 1], e, r]
                 outstanding[e, r] -= tbs
                 left = sendable - tb_bytes
                 if tbs > zero:
                     known[e, r] = max(left - outstanding[e, r], zero)
-                if (sr_occasion[s % ints[8], r] and left > zero and known[e, r] <= zero
+                if (sr_occasion[ix[k, 5], r] and left > zero and known[e, r] <= zero
                         and outstanding[e, r] <= zero):
                     known[e, r] = consts[5]
                     counts[6, e, r] += 1
             est = (est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e], est_max_sb[c, e])
-            _grant(e, s, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+            _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
                    olla_db, avg_thr, est, scratch)
 
 
@@ -390,6 +394,16 @@ def constants(level) -> dict:
             level._bler_b, level._sel_db, level._tbs_per_sb,
             torch.arange(cfg.num_subbands + 1, dtype=dt), level._sr_occasion)),
     }
+
+
+def _ring_entries(l2, t: int, K: int) -> np.ndarray:
+    """Per slot ``s`` of step ``t`` (``[K, 6]`` int64): its HARQ process ``s % P``, its grant ``s % K2``,
+    the process of the slot it grants for ``(s + K2) % P``, the RLC entries of ``s`` and of
+    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``."""
+    s = t * K + np.arange(K, dtype=np.int64)
+    P, K2, D = l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1
+    return np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
+                     s % l2.sr_period_slots], 1)
 
 
 def estimate(level, x_est: torch.Tensor) -> tuple:
@@ -441,7 +455,8 @@ def serve(level, q, ctx):
                np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
     ints = inputs["ints"].copy()
     ints[0] = t
-    _step_kernel(ints, inputs["consts"], *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(),
+    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
+                 nack_below.numpy(), torch.stack(rx).numpy(),
                  rx_of_slot, *(x.numpy() for x in est), est_of_slot,
                  *(x.numpy() for x in (unsched, bytes_, finish_slot, usable)),
                  *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
