@@ -966,9 +966,10 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
-        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete", "discrete, eager slot loop",
-        "discrete, numba slot loop", "compiled, first call, fresh machine", "compiled, first call, cold cache",
-        "compiled, first call, warm cache", "discrete, numba first call, cold cache",
+        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete",
+        "discrete, eager slot loop", "discrete, numba slot loop", "compiled, first call, fresh machine",
+        "compiled, first call, cold cache", "compiled, first call, warm cache",
+        "discrete, numba first call, cold cache",
         "discrete, numba first call, warm cache"}
     # L2-legacy's slot loops side by side, one thread, at each of their E; never on CUDA
     l2 = params["l2_backends"]
