@@ -309,9 +309,9 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack_below, rx, rx_of_slot,
-                 est_x, est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot, usable,
-                 rlc_cnt, round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first,
-                 gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts, scratch):
+                 est_x, est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot,
+                 usable, rlc_cnt, round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx,
+                 hq_first, gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts, scratch):
     """Every UL slot of step ``t`` for every env and robot, state written in place (shapes as in
     :class:`~.l2_legacy.L2State`; ``rx`` ``[blocks, E, R, S]`` the channel per fading block,
     ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
