@@ -607,7 +607,7 @@ def test_mcs_table_and_olla_match_sionna_sys_peer():
         torch.testing.assert_close(peer.offset.float(), ours, atol=1e-4, rtol=0)
 
 
-# ---------------------------------------------------------------- the fast slot loops (numba, compiled)
+# ---------------------------------------------------------------- the numba slot loop
 def _scenario(seed: int, E: int, R: int, dtype, **cell):
     """A random scenario: message sizes 1-60 kB, send probabilities up to overload, SNR -10 to 40 dB,
     deadlines that bind, a buffer of a few messages (so that overflow and timeouts happen). ``cell``:
@@ -657,21 +657,18 @@ def _assert_same_events(eager, want, fast, got, dtype):
     assert total["delivered"] > 0 and total["timeouts"] + total["overflow"] > 0
 
 
-# (backend, seed, E, R, dtype): fleets of 1 to 64 robots, both dtypes.
-_FAST_CASES = [("numba", 0, 5, 3, torch.float64), ("numba", 1, 16, 8, torch.float64),
-               ("numba", 2, 9, 8, torch.float32), ("numba", 3, 4, 3, torch.float64),
-               ("numba", 5, 7, 64, torch.float32), ("numba", 6, 3, 1, torch.float64),
-               ("numba", 7, 6, 1, torch.float32), ("numba", 8, 3, 40, torch.float64),
-               ("compiled", 0, 5, 3, torch.float64), ("compiled", 1, 16, 8, torch.float64),
-               ("compiled", 2, 9, 8, torch.float32), ("compiled", 3, 4, 3, torch.float64)]
+# (seed, E, R, dtype): fleets of 1 to 64 robots, both dtypes.
+_NUMBA_CASES = [(0, 5, 3, torch.float64), (1, 16, 8, torch.float64), (2, 9, 8, torch.float32),
+                (3, 4, 3, torch.float64), (5, 7, 64, torch.float32), (6, 3, 1, torch.float64),
+                (7, 6, 1, torch.float32), (8, 3, 40, torch.float64)]
 
 
-@pytest.mark.parametrize("backend,seed,E,R,dtype", _FAST_CASES)
-def test_fast_slot_loop_gives_the_eager_events(backend, seed, E, R, dtype):
+@pytest.mark.parametrize("seed,E,R,dtype", _NUMBA_CASES)
+def test_numba_slot_loop_gives_the_eager_events(seed, E, R, dtype):
     cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
     eager, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
-    fast, got = _run(backend, cfg, T, send, msg_bytes, snr_db, deadline, dtype)
-    assert fast.slot_loop == backend and eager.slot_loop == "eager"
+    fast, got = _run("numba", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
+    assert fast.slot_loop == "numba" and eager.slot_loop == "eager"
     _assert_same_events(eager, want, fast, got, dtype)
 
 
@@ -692,11 +689,11 @@ def test_numba_slot_loop_gives_the_eager_events_under_other_constants(num_subban
     _assert_same_events(eager, want, fast, got, dtype)
 
 
-@pytest.mark.parametrize("backend", ["numba", "compiled"])
-def test_fast_slot_loop_keeps_state_load_state_and_reset(backend):
+def test_numba_slot_loop_keeps_state_load_state_and_reset():
     """state()/load_state() replays the same steps; reset(env_ids) clears the same envs as eager."""
     dtype = torch.float64
     cfg, T, send, msg_bytes, snr_db, deadline = _scenario(4, 6, 3, dtype)
+    backend = "numba"
     engines = {b: make_engine("L2-legacy", 6, 3, cfg=cfg, dtype=dtype, seed=5, backend=b)
                for b in ("eager", backend)}
     outs = {b: [] for b in engines}
@@ -724,14 +721,12 @@ def test_backend_choice_is_checked():
     assert make_engine("L2-legacy", 2, 2, backend="eager").slot_loop == "eager"
     assert make_engine("L2-legacy", 2, 2).slot_loop == "numba"  # the CPU's default (docs/design.md §2)
     assert NetL2Legacy(2, 2).slot_loop == "numba"
-    with pytest.raises(ValueError, match="backend 'compiled' is L2-legacy's"):
-        make_engine("L1", 2, 2, backend="compiled")
     with pytest.raises(ValueError, match="backend 'numba' is L2-legacy's"):
         make_engine("QA", 2, 2, backend="numba")
+    with pytest.raises(ValueError, match="unknown backend 'compiled'"):  # the inductor slot loop is gone
+        make_engine("L2-legacy", 2, 2, backend="compiled")
     with pytest.raises(ValueError, match="slot_loop"):
         NetL2Legacy(2, 2, slot_loop="fast")
-    with pytest.raises(ValueError, match="rlc_delay_slots >= 1"):
-        make_engine("L2-legacy", 2, 2, backend="compiled", l2_cfg=L2LegacyConfig(rlc_delay_slots=0))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -13,7 +13,7 @@ from isaac_net.core.levels.l2_legacy import L2LegacyConfig, NetL2Legacy
 from isaac_net.core.levels.qa import NetQA
 
 LEVELS = {"L1": NetFluid, "QA": NetQA, "L2-legacy": NetL2Legacy}
-BACKENDS = ("eager", "numba", "compiled", "cuda_graph")
+BACKENDS = ("eager", "numba", "cuda_graph")
 
 
 def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
@@ -25,8 +25,7 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
     :param backend: ``None`` (the default): L2-legacy's ``"numba"`` on the CPU, ``"eager"`` elsewhere and
         for the other levels. ``"eager"``: torch ops. ``"numba"`` (L2-legacy, CPU only): each control
         step's slot loop one numba kernel, the same events as eager from the same seed (docs/design.md
-        §2). ``"compiled"`` (L2-legacy: each slot one compiled kernel, the same events);
-        ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
+        §2). ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
         the first step (``CudaGraphLevel``).
     """
     if level not in LEVELS:
@@ -38,7 +37,7 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
         backend = "numba" if level == "L2-legacy" and device.type == "cpu" else "eager"
     if backend == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"backend 'cuda_graph' needs a CUDA device, got device={device!r}")
-    if backend in ("compiled", "numba") and level != "L2-legacy":
+    if backend == "numba" and level != "L2-legacy":
         raise ValueError(f"backend {backend!r} is L2-legacy's; level {level!r} takes 'eager' or 'cuda_graph'")
     if level == "L2-legacy" and backend != "cuda_graph":
         level_kwargs = {**level_kwargs, "slot_loop": backend}

@@ -131,10 +131,9 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-# The slot loops: "numba" (a step's slots as one numba kernel, _l2_numba; the CPU's default), "eager"
-# (torch ops, host-side branches skip rare work on the CPU; any device) and "compiled" (the slot body as
-# one compiled kernel, _l2_slot). The same events from the same seed.
-SLOT_LOOPS = ("numba", "eager", "compiled")
+# The slot loops: "numba" (a step's slots as one numba kernel, _l2_numba; the CPU's default) and "eager"
+# (torch ops, host-side branches skip rare work on the CPU; any device). The same events from one seed.
+SLOT_LOOPS = ("numba", "eager")
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
 
 
@@ -298,12 +297,12 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
     (``[E, R]``; ``u < BLER`` in logit form). As the level keeps them, a robot with a retransmission
     due has no grant (its known buffer is 0 when the gNB grants) and an idle process no subbands.
 
-    ``axis``: the messages' and subbands' dimension (-1; the compiled slot keeps the envs last,
-    ``[R, A, E]`` and ``[R, S, E]``, and passes -2). Likewise in :func:`deliver`, :func:`rlc_failure`
-    and :func:`harq_next`.
+    ``axis``: the messages' and subbands' dimension (-1; -2 for a layout with the envs last,
+    ``[R, A, E]`` and ``[R, S, E]``). Likewise in :func:`deliver`, :func:`rlc_failure` and
+    :func:`harq_next`.
     """
     is_retx = hq.active.clone()  # the caller overwrites the process
-    cum = mech.cumsum(unsched, axis)
+    cum = unsched.cumsum(axis)
     take = (gr.tbs.unsqueeze(axis) - cum).add_(unsched).clamp_(min=0)
     take = torch.minimum(take, unsched, out=take)  # FIFO
     tb_bytes = take.sum(axis)
@@ -322,20 +321,17 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
 
 
 def deliver(bytes_: torch.Tensor, finish_slot: torch.Tensor, tx: Tx,
-            k: int | torch.Tensor, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+            k: int, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """ACK: the TB's bytes leave the queue; a message is delivered in slot ``k`` with its last byte.
 
     :input bytes_: ``[E, R, A]`` unacked bytes (+inf: can no longer complete).
-    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place for an
-        int ``k``, out of place for a 0-d long tensor (the compiled slot: one graph for every ``k``).
+    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place.
     """
     ack = tx.is_tx ^ tx.nack
     # TB contents are finite and >= 0: a product with the 0/1 mask is torch.where(ack, content, 0).
     bytes_ = bytes_ - tx.content * ack.unsqueeze(axis)
     is_done = bytes_ <= 0
     # A message is done once (its bytes are +inf after): -1 + (k + 1) sets its slot, cheaper than masked_fill.
-    if isinstance(k, torch.Tensor):
-        return bytes_.masked_fill(is_done, math.inf), finish_slot + is_done * (k + 1)
     return bytes_.masked_fill_(is_done, math.inf), finish_slot.add_(is_done, alpha=k + 1)
 
 
@@ -466,10 +462,9 @@ class NetL2Legacy(DiscreteLevel):
     list makes each slot append a dict of its tensors (for tests; off by default; the eager loop
     runs then).
 
-    ``slot_loop``: ``"eager"`` runs each slot as torch ops; ``"compiled"`` runs the same slot as one
-    compiled kernel (:mod:`._l2_slot`, compiled once for every E; ``make_engine(...,
-    backend="compiled")``): the same events from the same seed; faster than eager at small E,
-    slower at large E (docs/design.md §2).
+    ``slot_loop``: ``"numba"`` (the default on the CPU) runs each control step's slot loop as one numba
+    kernel (:mod:`._l2_numba`; ``make_engine(..., backend="numba")``); ``"eager"`` (the default
+    elsewhere) runs each slot as torch ops. The same events from the same seed (docs/design.md §2).
     """
 
     name = "L2-legacy"
@@ -529,13 +524,6 @@ class NetL2Legacy(DiscreteLevel):
         self.counters = {k: torch.zeros(E, R, dtype=dtype, device=dev) for k in COUNTER_KEYS}
         self.trace: list | None = None
         self.slot_loop = slot_loop
-        if slot_loop == "compiled":
-            from isaac_net.core.levels import _l2_slot
-
-            if not _l2_slot.supports(self):
-                raise ValueError("slot_loop: 'compiled' needs l2_cfg.rlc_delay_slots >= 1 and at most 16 "
-                                 f"subbands, got {l2.rlc_delay_slots} and {S}; use slot_loop='eager'")
-            self._slot_inputs = _l2_slot.constants(self)
         if slot_loop == "numba":
             from isaac_net.core.levels import _l2_numba
 
@@ -592,10 +580,6 @@ class NetL2Legacy(DiscreteLevel):
 
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
-        if self.slot_loop == "compiled" and self.trace is None:
-            from isaac_net.core.levels import _l2_slot
-
-            return _l2_slot.serve(self, q, ctx)
         if self.slot_loop == "numba" and self.trace is None:
             from isaac_net.core.levels import _l2_numba
 
