@@ -607,13 +607,14 @@ def test_mcs_table_and_olla_match_sionna_sys_peer():
         torch.testing.assert_close(peer.offset.float(), ours, atol=1e-4, rtol=0)
 
 
-# ---------------------------------------------------------------- the compiled slot loop
-def _scenario(seed: int, E: int, R: int, dtype):
+# ---------------------------------------------------------------- the numba slot loop
+def _scenario(seed: int, E: int, R: int, dtype, **cell):
     """A random scenario: message sizes 1-60 kB, send probabilities up to overload, SNR -10 to 40 dB,
-    deadlines that bind, a buffer of a few messages (so that overflow and timeouts happen)."""
+    deadlines that bind, a buffer of a few messages (so that overflow and timeouts happen). ``cell``:
+    other :class:`CellConfig` fields."""
     g = torch.Generator().manual_seed(seed)
     cfg = CellConfig(buffer_msgs=int(torch.randint(2, 6, (1,), generator=g)),
-                     timeout_steps=int(torch.randint(3, 9, (1,), generator=g)))
+                     timeout_steps=int(torch.randint(3, 9, (1,), generator=g)), **cell)
     T = 12
     p = torch.rand(E, R, generator=g)
     send = (torch.rand(T, E, R, generator=g) < p).to(dtype)
@@ -623,9 +624,9 @@ def _scenario(seed: int, E: int, R: int, dtype):
     return cfg, T, send, msg_bytes, snr_db, deadline
 
 
-def _run(backend, cfg, T, send, msg_bytes, snr_db, deadline, dtype, seed=3):
+def _run(backend, cfg, T, send, msg_bytes, snr_db, deadline, dtype, seed=3, l2_cfg=None):
     E, R = send.shape[1:]
-    eng = make_engine("L2-legacy", E, R, cfg=cfg, dtype=dtype, seed=seed, backend=backend)
+    eng = make_engine("L2-legacy", E, R, cfg=cfg, dtype=dtype, seed=seed, backend=backend, l2_cfg=l2_cfg)
     outs = [eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline) for t in range(T)]
     return eng, outs
 
@@ -635,16 +636,10 @@ _FLOAT_RTOL = {torch.float64: 1e-9, torch.float32: 1e-5}
 _EVENT_KEYS = ("offered", "delivered", "timeouts", "overflow", "queued_msgs", "aoi")
 
 
-@pytest.mark.parametrize("seed,E,R,dtype", [(0, 5, 3, torch.float64), (1, 16, 8, torch.float64),
-                                            (2, 9, 8, torch.float32), (3, 4, 3, torch.float64)])
-def test_compiled_slot_loop_gives_the_eager_events(seed, E, R, dtype):
+def _assert_same_events(eager, want, fast, got, dtype):
     """Same seed, same events: every step's counts equal, delay sums and energy to float tolerance,
     the level's counters (new TBs, NACKs, HARQ retransmissions and failures, RLC rounds and
     losses, SRs) equal, the state after the run the same."""
-    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
-    eager, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
-    fast, got = _run("compiled", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
-    assert fast.slot_loop == "compiled" and eager.slot_loop == "eager"
     for a, b in zip(want, got, strict=True):
         for k in _EVENT_KEYS:
             assert torch.equal(a[k], b[k]), k
@@ -662,22 +657,55 @@ def test_compiled_slot_loop_gives_the_eager_events(seed, E, R, dtype):
     assert total["delivered"] > 0 and total["timeouts"] + total["overflow"] > 0
 
 
-def test_compiled_slot_loop_keeps_state_load_state_and_reset():
+# (seed, E, R, dtype): fleets of 1 to 64 robots, both dtypes.
+_NUMBA_CASES = [(0, 5, 3, torch.float64), (1, 16, 8, torch.float64), (2, 9, 8, torch.float32),
+                (3, 4, 3, torch.float64), (5, 7, 64, torch.float32), (6, 3, 1, torch.float64),
+                (7, 6, 1, torch.float32), (8, 3, 40, torch.float64)]
+
+
+@pytest.mark.parametrize("seed,E,R,dtype", _NUMBA_CASES)
+def test_numba_slot_loop_gives_the_eager_events(seed, E, R, dtype):
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
+    eager, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
+    fast, got = _run("numba", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
+    assert fast.slot_loop == "numba" and eager.slot_loop == "eager"
+    _assert_same_events(eager, want, fast, got, dtype)
+
+
+# Other constants: subbands below, at and above ATen's SIMD width (the order of the sums over them),
+# no RLC delay, a short HARQ, one PF round, a fast SR.
+_OTHER_CONSTANTS = [(5, {}), (20, {"rlc_delay_slots": 0, "harq_max_tx": 2}),
+                    (33, {"k2_slots": 2, "harq_rtt_slots": 3, "pf_rounds": 1, "sr_period_slots": 1}),
+                    (8, {"coh_slots": 3, "est_delay_slots": 7, "rlc_max_retx": 0})]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("num_subbands,l2", _OTHER_CONSTANTS)
+def test_numba_slot_loop_gives_the_eager_events_under_other_constants(num_subbands, l2, dtype):
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(11, 6, 5, dtype, num_subbands=num_subbands)
+    l2_cfg = L2LegacyConfig(**l2)
+    eager, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype, l2_cfg=l2_cfg)
+    fast, got = _run("numba", cfg, T, send, msg_bytes, snr_db, deadline, dtype, l2_cfg=l2_cfg)
+    _assert_same_events(eager, want, fast, got, dtype)
+
+
+def test_numba_slot_loop_keeps_state_load_state_and_reset():
     """state()/load_state() replays the same steps; reset(env_ids) clears the same envs as eager."""
     dtype = torch.float64
     cfg, T, send, msg_bytes, snr_db, deadline = _scenario(4, 6, 3, dtype)
+    backend = "numba"
     engines = {b: make_engine("L2-legacy", 6, 3, cfg=cfg, dtype=dtype, seed=5, backend=b)
-               for b in ("eager", "compiled")}
+               for b in ("eager", backend)}
     outs = {b: [] for b in engines}
     for b, eng in engines.items():
         for t in range(T):
             if t == 5:
                 eng.reset([1, 4])
             outs[b].append(eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline))
-    for a, c in zip(outs["eager"], outs["compiled"], strict=True):
+    for a, c in zip(outs["eager"], outs[backend], strict=True):
         for k in _EVENT_KEYS:
             assert torch.equal(a[k], c[k]), k
-    fast = engines["compiled"]
+    fast = engines[backend]
     saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fast.state().items()}
     t0 = fast.t
     first = [fast.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline) for t in range(3)]
@@ -691,10 +719,19 @@ def test_compiled_slot_loop_keeps_state_load_state_and_reset():
 
 def test_backend_choice_is_checked():
     assert make_engine("L2-legacy", 2, 2, backend="eager").slot_loop == "eager"
-    assert make_engine("L2-legacy", 2, 2).slot_loop == "eager"  # the default (docs/design.md §2)
-    with pytest.raises(ValueError, match="backend 'compiled' is L2-legacy's"):
-        make_engine("L1", 2, 2, backend="compiled")
+    assert make_engine("L2-legacy", 2, 2).slot_loop == "numba"  # the CPU's default (docs/design.md §2)
+    assert NetL2Legacy(2, 2).slot_loop == "numba"
+    with pytest.raises(ValueError, match="backend 'numba' is L2-legacy's"):
+        make_engine("QA", 2, 2, backend="numba")
+    with pytest.raises(ValueError, match="unknown backend 'compiled'"):  # the inductor slot loop is gone
+        make_engine("L2-legacy", 2, 2, backend="compiled")
     with pytest.raises(ValueError, match="slot_loop"):
         NetL2Legacy(2, 2, slot_loop="fast")
-    with pytest.raises(ValueError, match="rlc_delay_slots >= 1"):
-        make_engine("L2-legacy", 2, 2, backend="compiled", l2_cfg=L2LegacyConfig(rlc_delay_slots=0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_keeps_the_eager_slot_loop():
+    """The numba kernel reads CPU memory: on CUDA the default is eager and asking for numba fails."""
+    assert make_engine("L2-legacy", 2, 2, "cuda").slot_loop == "eager"
+    with pytest.raises(ValueError, match="'numba' runs on the CPU"):
+        make_engine("L2-legacy", 2, 2, "cuda", backend="numba")

@@ -255,7 +255,7 @@ def test_cuda_matches_cpu():
 
 
 def test_backend_choices():
-    with pytest.raises(ValueError, match="unknown backend 'jit'; expected one of: eager, compiled, "
+    with pytest.raises(ValueError, match="unknown backend 'jit'; expected one of: eager, numba, "
                                          "cuda_graph"):
         make_engine("L1", 1, 1, backend="jit")
     with pytest.raises(ValueError, match="needs a CUDA device"):

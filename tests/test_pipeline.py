@@ -972,14 +972,20 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
         (lv, E) for lv in ("L1", "QA") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
-        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete", "discrete, compiled slot",
-        "compiled, first call, fresh machine", "compiled, first call, cold cache",
-        "compiled, first call, warm cache"}
-    # L2-legacy's compiled slot loop beside its eager step, one thread, at each E; never on CUDA
-    slot = [j for j in cpu if j.get("backend") == "compiled"]
-    assert sorted((j["name"], j["E"], j["threads"]) for j in slot) == [
-        ("L2-legacy", E, 1) for E in params["E"]]
-    assert not any(j.get("backend") == "compiled" for j in gpu)
+        "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete",
+        "discrete, eager slot loop", "discrete, numba slot loop", "compiled, first call, fresh machine",
+        "compiled, first call, cold cache", "compiled, first call, warm cache",
+        "discrete, numba first call, cold cache",
+        "discrete, numba first call, warm cache"}
+    # L2-legacy's slot loops side by side, one thread, at each of their E; never on CUDA
+    l2 = params["l2_backends"]
+    slot = [j for j in cpu if j.get("backend") in ("eager", "numba") and not j.get("cache")]
+    assert sorted((j["name"], j["E"], j["threads"], j["backend"]) for j in slot) == sorted(
+        ("L2-legacy", E, 1, b) for E in l2["E"] for b in ("eager", "numba"))
+    assert not any(j.get("backend") in ("eager", "numba") for j in gpu)
+    # its numba kernel's first calls come first, cold before warm (the stage's numba cache is empty)
+    assert [(j.get("backend"), j.get("cache")) for j in cpu[:2]] == [("numba", "cold"), ("numba", "warm")]
+    cpu = cpu[2:]
     assert {j["name"] for j in cpu if cost._variant(j) == "compiled"} == {"L1", "QA"}
     extra = [E for E in params["speedup_E"] if E not in params["E"]]
     assert sorted((j["E"], j["compile"]) for j in cpu if j["name"] == "QA" and j["E"] in extra) == sorted(
@@ -1015,23 +1021,33 @@ def test_compile_pays_for_itself_after_the_rollouts_its_first_call_costs():
 def test_first_calls_get_their_own_directories(monkeypatch):
     """The fresh machine compiles into its own empty cache and temporary directory; the cold and warm
     first calls share that temporary directory (inductor's precompiled header) and the model's cache;
-    the steady rows use the model's cache and the system's temporary directory."""
+    the steady rows use the model's cache and the system's temporary directory. L2-legacy's numba rows,
+    first calls and steady ones, use the stage's numba cache directory."""
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import cost
 
     calls = []
     monkeypatch.setattr(cost, "measure_in_child",
-                        lambda spec, timeout_s, cache_dir=None, tmp_dir=None: calls.append(
-                            (spec.get("cache"), cache_dir, tmp_dir)) or {"forward_s": 1.0, "backward_s": 1.0})
-    dirs = {"QA": {"cache": "/c", "fresh": "/f", "tmp": "/t"}}
+                        lambda spec, timeout_s, cache_dir=None, tmp_dir=None, numba_dir=None: calls.append(
+                            (spec.get("cache"), cache_dir, tmp_dir, numba_dir))
+                        or {"forward_s": 1.0, "backward_s": 1.0, "first_call_s": 1.0})
+    dirs = {"QA": {"cache": "/c", "fresh": "/f", "tmp": "/t"}, "L2-legacy": {"numba": "/n"}}
     rows = []
     for cache in ("fresh", "cold", "warm", None):
         job = {"kind": "relaxed", "name": "QA", "E": 16, "compile": True, "threads": 1, "device": "cpu",
                **({"cache": cache} if cache else {})}
         cost._measure_job(job, {"R": 8, "T": 60}, {"timeout_s": 10}, dirs, rows, {})
-    assert calls == [("fresh", "/f", "/t"), ("cold", "/c", "/t"), ("warm", "/c", "/t"), (None, "/c", None)]
+    for cache in ("cold", "warm", None):
+        job = {"kind": "discrete", "name": "L2-legacy", "E": 16, "compile": False, "threads": 1,
+               "device": "cpu", "backend": "numba", **({"cache": cache} if cache else {})}
+        cost._measure_job(job, {"R": 8, "T": 60}, {"timeout_s": 10}, dirs, rows, {})
+    assert calls == [("fresh", "/f", "/t", None), ("cold", "/c", "/t", None), ("warm", "/c", "/t", None),
+                     (None, "/c", None, None), ("cold", None, None, "/n"), ("warm", None, None, "/n"),
+                     (None, None, None, "/n")]
     assert [r["variant"] for r in rows] == [f"compiled, first call, {what}" for what in
-                                            ("fresh machine", "cold cache", "warm cache")] + ["compiled"]
+                                            ("fresh machine", "cold cache", "warm cache")] + ["compiled"] + [
+        "discrete, numba first call, cold cache", "discrete, numba first call, warm cache",
+        "discrete, numba slot loop"]
 
 
 def test_a_measure_child_gets_the_cache_and_temporary_directory_it_is_given(monkeypatch):

@@ -4,7 +4,9 @@ forward time of the discrete levels (L1, QA and, when it builds, L2-legacy) on t
 inputs; the plain per-slot autograd design of L1D (the earlier version's) as the baseline
 of the speed-up; the first compiled call of each model with an empty and with a warm inductor
 cache; one large L1D rollout for memory; the same on CUDA when a device is visible; and the
-ratio to the earlier version's figures.
+ratio to the earlier version's figures. L2-legacy's slot loops, eager torch ops against the numba
+kernel (the CPU's default), side by side at more batch sizes on one thread, and the numba kernel's
+first call with an empty and with a warm numba cache (``NUMBA_CACHE_DIR`` of this stage's own).
 
 Every child process compiles into an inductor cache directory of this stage's own (one per
 model, created empty), so the "cold cache" rows are cold on any machine and the rest do not
@@ -82,9 +84,20 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None)
     return {**out, "forward_s": min(fwd), "backward_s": min(bwd)}
 
 
-def discrete(level, E, R, T, dtype, device, x, repeats, seed, backend="eager") -> dict:
+def discrete(level, E, R, T, dtype, device, x, repeats, seed, backend=None, first_call=False) -> dict:
+    """A forward rollout of a discrete level (``backend``: make_engine's, None for its default)."""
     from isaac_net.core import make_engine
 
+    out = {"backward_s": None}
+    send0 = (x["u"][0] < x["p"]).to(dtype)
+    if first_call:  # what a user waits for: the kernel's module and numba imported, compiled or loaded
+        t0 = time.perf_counter()
+        make_engine(level, E, R, device, dtype=dtype, seed=seed, backend=backend).step(
+            send0, x["B"], pos=x["pos"], tx_dbm=x["tx"])
+        out["first_call_s"] = time.perf_counter() - t0
+    elif level == "L2-legacy":  # compile or load a kernel (the numba default's) outside the timing
+        make_engine(level, 1, R, device, dtype=dtype, seed=seed, backend=backend).step(
+            send0[:1], x["B"][:1], pos=x["pos"][:1], tx_dbm=x["tx"][:1])
     times = []
     for _ in range(repeats):
         eng = make_engine(level, E, R, device, dtype=dtype, seed=seed, backend=backend)
@@ -98,7 +111,7 @@ def discrete(level, E, R, T, dtype, device, x, repeats, seed, backend="eager") -
                 eng.step((x["u"][t] < x["p"]).to(dtype), x["B"], pos=x["pos"], tx_dbm=x["tx"])
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return {"forward_s": min(times), "backward_s": None}
+    return {**out, "forward_s": min(times)}
 
 
 def measure(spec: dict) -> dict:
@@ -116,7 +129,7 @@ def measure(spec: dict) -> dict:
                     spec.get("slots"))
     else:
         r = discrete(spec["name"], E, R, T, dtype, dev, x, spec["repeats"], spec["seed"],
-                     spec.get("backend", "eager"))
+                     spec.get("backend"), first_call=bool(spec.get("cache")))
     r["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     is_cuda = torch.device(dev).type == "cuda"
     r["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None
@@ -174,12 +187,14 @@ def run_child(cmd: list[str], timeout_s: float, env: dict | None = None) -> tupl
 
 
 def measure_in_child(spec: dict, timeout_s: float, cache_dir: str | None = None,
-                     tmp_dir: str | None = None) -> dict:
+                     tmp_dir: str | None = None, numba_dir: str | None = None) -> dict:
     """Run ``measure(spec)`` in a child process (``run_child``), compiling into ``cache_dir`` with
-    ``tmp_dir`` as its temporary directory (where inductor keeps its precompiled header)."""
+    ``tmp_dir`` as its temporary directory (where inductor keeps its precompiled header), numba
+    into ``numba_dir``."""
     cmd = [sys.executable, str(SCRIPT), "--measure", json.dumps(spec)]
     env = {**({"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else {}),
-           **({"TMPDIR": tmp_dir} if tmp_dir else {})} or None
+           **({"TMPDIR": tmp_dir} if tmp_dir else {}),
+           **({"NUMBA_CACHE_DIR": numba_dir} if numba_dir else {})} or None
     returncode, stdout, stderr = run_child(cmd, timeout_s, env)
     if returncode is None:
         return {"error": f"timed out after {timeout_s:g} s"}
@@ -196,6 +211,10 @@ def _jobs(params: dict, device: str) -> list[dict]:
     threads = params["threads"] if device == "cpu" else [1]
     warmup = params.get("warmup")
     jobs = []
+    l2 = params.get("l2_backends") if params["l2_legacy"] and device == "cpu" else None
+    if l2:  # L2-legacy's numba kernel, first with the stage's numba cache empty, then warm
+        jobs += [{"kind": "discrete", "name": "L2-legacy", "E": l2["first_call_E"], "compile": False,
+                  "threads": 1, "backend": "numba", "cache": cache} for cache in ("cold", "warm")]
     if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
         jobs += [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
                   "cache": cache} for m in params["modes"] for cache in FIRST_CALLS]
@@ -218,10 +237,10 @@ def _jobs(params: dict, device: str) -> list[dict]:
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
     jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
              for E in params["E"] for lv in levels for th in threads]
-    # L2-legacy's compiled slot loop: the same step, each slot one kernel.
-    if params["l2_legacy"] and params.get("l2_compiled") and device == "cpu":
+    # L2-legacy's slot loops side by side: eager torch ops and the numba kernel, one thread.
+    if l2:
         jobs += [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
-                  "backend": "compiled"} for E in params["E"]]
+                  "backend": b} for E in l2["E"] for b in L2_BACKENDS]
     if device == "cuda":  # the captured step of the levels that have one
         jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
                   "backend": "cuda_graph"} for E in params["E"] for lv in levels if lv != "L2-legacy"]
@@ -237,12 +256,18 @@ def _jobs(params: dict, device: str) -> list[dict]:
 FIRST_CALLS = {"fresh": "fresh machine", "cold": "cold cache", "warm": "warm cache"}
 
 
+# L2-legacy's slot loops timed side by side (make_engine backends).
+L2_BACKENDS = ("eager", "numba")
+
+
 def _variant(job: dict) -> str:
+    if job["kind"] == "discrete" and job.get("cache"):
+        return f"discrete, numba first call, {FIRST_CALLS[job['cache']]}"
     if job.get("cache"):
         return f"compiled, first call, {FIRST_CALLS[job['cache']]}"
     if job["kind"] == "discrete":
-        return {"cuda_graph": "discrete, cuda graph", "compiled": "discrete, compiled slot"}.get(
-            job.get("backend"), "discrete")
+        return {"cuda_graph": "discrete, cuda graph", "eager": "discrete, eager slot loop",
+                "numba": "discrete, numba slot loop"}.get(job.get("backend"), "discrete")
     if job.get("slots") == "autograd":
         return "per-slot autograd" if job["name"] == "L1" else "per-op autograd"
     return "compiled" if job["compile"] else "eager"
@@ -279,6 +304,33 @@ def _break_even(warmup: dict, eager_s: float | None, compiled_s: float | None) -
     return out
 
 
+def _l2_rows(rows: list, params: dict, T: int) -> tuple[list, dict | None]:
+    """L2-legacy's slot loops side by side per E (seconds per rollout, cell-steps per second, the
+    numba kernel's speed-up over eager) and the numba kernel's first calls against their targets."""
+    l2 = params.get("l2_backends") if params["l2_legacy"] else None
+    if not l2:
+        return [], None
+
+    def row(variant, E=None):
+        hits = [r for r in rows if r["model"] == "L2-legacy" and r["variant"] == variant and r["available"]
+                and (E is None or r["E"] == E)]
+        return hits[0] if hits else None
+
+    side = []
+    for E in l2["E"]:
+        s = {b: row(f"discrete, {b} slot loop", E) for b in L2_BACKENDS}
+        secs = {b: s[b]["forward_s"] if s[b] else None for b in L2_BACKENDS}
+        side.append({"E": E, **{f"{b}_s": secs[b] for b in L2_BACKENDS},
+                     **{f"{b}_cell_steps_per_s": E * T / secs[b] if secs[b] else None for b in L2_BACKENDS},
+                     "speedup": secs["eager"] / secs["numba"] if secs["eager"] and secs["numba"] else None})
+    calls = {c: row(f"discrete, numba first call, {FIRST_CALLS[c]}") for c in ("cold", "warm")}
+    first = {"E": l2["first_call_E"], "cold_target_s": l2["cold_s"], "warm_target_s": l2["warm_s"]}
+    for c, r in calls.items():
+        first[f"{c}_s"] = r["first_call_s"] if r else None
+        first[f"{c}_met"] = None if r is None else r["first_call_s"] <= l2[f"{c}_s"]
+    return side, first
+
+
 def main(stage, params: dict, out: dict) -> None:
     """Wall time and memory of relaxed and discrete rollouts."""
     common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
@@ -291,6 +343,7 @@ def main(stage, params: dict, out: dict) -> None:
     # temporary directory of the first calls (the fresh machine builds inductor's header into it)
     dirs = {m: {d: tempfile.mkdtemp(prefix=f"isaac_cost_{d}_{m}_") for d in ("cache", "fresh", "tmp")}
             for m in params["modes"]}
+    dirs["L2-legacy"] = {"numba": tempfile.mkdtemp(prefix="isaac_cost_numba_")}  # empty for the cold call
     try:
         for job in tqdm(jobs, desc="cost", mininterval=2.0):
             if job["name"] in unavailable and job["kind"] == "discrete":
@@ -308,7 +361,8 @@ def _measure_job(job: dict, common: dict, params: dict, dirs: dict, rows: list, 
     model_dirs = dirs.get(job["name"], {})
     first_call = job.get("cache")
     cache = model_dirs.get("fresh" if first_call == "fresh" else "cache")
-    r = measure_in_child(spec, params["timeout_s"], cache, model_dirs.get("tmp") if first_call else None)
+    r = measure_in_child(spec, params["timeout_s"], cache, model_dirs.get("tmp") if first_call else None,
+                         model_dirs.get("numba"))
     model = f"{job['name']}D" if job["kind"] == "relaxed" else job["name"]
     if "error" in r:
         where = f"E={job['E']} compile={job['compile']} threads={job['threads']} device={job['device']}"
@@ -366,6 +420,7 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
         w["warm_met"] = None if warm is None else w["warm_s"] <= t["warm_s"]
         w.update(_break_even(w, total(f"{m}D", "eager", w["E"]), total(f"{m}D", "compiled", w["E"])))
         warmups.append(w)
+    l2_backends, l2_first_calls = _l2_rows(rows, params, common["T"])
     large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
              and r["T"] == params["large"]["T"]]
     summary = {
@@ -379,7 +434,8 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
         "num_failed": sum(not r["available"] for r in rows),
     }
     stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
-                                   "warmups": warmups, "targets": targets,
+                                   "warmups": warmups, "targets": targets, "l2_backends": l2_backends,
+                                   "l2_first_calls": l2_first_calls,
                                    "large": large[0] if large else None, "unavailable": unavailable})
 
 

@@ -15,29 +15,32 @@ from isaac_net.core.levels.l2_legacy import L2LegacyConfig, NetL2Legacy
 from isaac_net.core.levels.qa import NetQA
 
 LEVELS = {"L1": NetL1, "QA": NetQA, "L2-legacy": NetL2Legacy}
-BACKENDS = ("eager", "compiled", "cuda_graph")
+BACKENDS = ("eager", "numba", "cuda_graph")
 
 
 def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
-                seed: int | None = None, backend: str = "eager",
+                seed: int | None = None, backend: str | None = None,
                 **level_kwargs) -> DiscreteLevel | CudaGraphLevel:
     """Build a discrete engine level.
 
     :param level: one of ``LEVELS`` (``"L1"``, ``"QA"``, ``"L2-legacy"``).
-    :param backend: ``"eager"``; ``"compiled"`` (L2-legacy: each slot one compiled kernel, the same
-        events as eager from the same seed; faster at small E, slower at large E, docs/design.md §2);
-        ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
+    :param backend: ``None`` (the default): L2-legacy's ``"numba"`` on the CPU, ``"eager"`` elsewhere and
+        for the other levels. ``"eager"``: torch ops. ``"numba"`` (L2-legacy, CPU only): each control
+        step's slot loop one numba kernel, the same events as eager from the same seed (docs/design.md
+        §2). ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
         the first step (``CudaGraphLevel``).
     """
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; expected one of: {', '.join(LEVELS)}")
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of: {', '.join(BACKENDS)}")
     device = _validate.check_device(device)
+    if backend is None:
+        backend = "numba" if level == "L2-legacy" and device.type == "cpu" else "eager"
     if backend == "cuda_graph" and device.type != "cuda":
         raise ValueError(f"backend 'cuda_graph' needs a CUDA device, got device={device!r}")
-    if backend == "compiled" and level != "L2-legacy":
-        raise ValueError(f"backend 'compiled' is L2-legacy's; level {level!r} takes 'eager' or 'cuda_graph'")
+    if backend == "numba" and level != "L2-legacy":
+        raise ValueError(f"backend {backend!r} is L2-legacy's; level {level!r} takes 'eager' or 'cuda_graph'")
     if level == "L2-legacy" and backend != "cuda_graph":
         level_kwargs = {**level_kwargs, "slot_loop": backend}
     net = LEVELS[level](E, R, device, cfg=cfg, dtype=dtype, seed=seed, **level_kwargs)

@@ -131,9 +131,9 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-# The slot loops: "eager" (torch ops, host-side branches skip rare work on the CPU) and "compiled"
-# (the slot body as one compiled kernel, _l2_slot; the same events).
-SLOT_LOOPS = ("eager", "compiled")
+# The slot loops: "numba" (a step's slots as one numba kernel, _l2_numba; the CPU's default) and "eager"
+# (torch ops, host-side branches skip rare work on the CPU; any device). The same events from one seed.
+SLOT_LOOPS = ("numba", "eager")
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
 
 
@@ -297,12 +297,12 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
     (``[E, R]``; ``u < BLER`` in logit form). As the level keeps them, a robot with a retransmission
     due has no grant (its known buffer is 0 when the gNB grants) and an idle process no subbands.
 
-    ``axis``: the messages' and subbands' dimension (-1; the compiled slot keeps the envs last,
-    ``[R, A, E]`` and ``[R, S, E]``, and passes -2). Likewise in :func:`deliver`, :func:`rlc_failure`
-    and :func:`harq_next`.
+    ``axis``: the messages' and subbands' dimension (-1; -2 for a layout with the envs last,
+    ``[R, A, E]`` and ``[R, S, E]``). Likewise in :func:`deliver`, :func:`rlc_failure` and
+    :func:`harq_next`.
     """
     is_retx = hq.active.clone()  # the caller overwrites the process
-    cum = mech.cumsum(unsched, axis)
+    cum = unsched.cumsum(axis)
     take = (gr.tbs.unsqueeze(axis) - cum).add_(unsched).clamp_(min=0)
     take = torch.minimum(take, unsched, out=take)  # FIFO
     tb_bytes = take.sum(axis)
@@ -321,20 +321,17 @@ def transmit(unsched: torch.Tensor, hq: Harq, gr: Grant, rx_now: torch.Tensor, n
 
 
 def deliver(bytes_: torch.Tensor, finish_slot: torch.Tensor, tx: Tx,
-            k: int | torch.Tensor, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+            k: int, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """ACK: the TB's bytes leave the queue; a message is delivered in slot ``k`` with its last byte.
 
     :input bytes_: ``[E, R, A]`` unacked bytes (+inf: can no longer complete).
-    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place for an
-        int ``k``, out of place for a 0-d long tensor (the compiled slot: one graph for every ``k``).
+    :input finish_slot: ``[E, R, A]`` long, the delivery slot (-1: not yet); updated in place.
     """
     ack = tx.is_tx ^ tx.nack
     # TB contents are finite and >= 0: a product with the 0/1 mask is torch.where(ack, content, 0).
     bytes_ = bytes_ - tx.content * ack.unsqueeze(axis)
     is_done = bytes_ <= 0
     # A message is done once (its bytes are +inf after): -1 + (k + 1) sets its slot, cheaper than masked_fill.
-    if isinstance(k, torch.Tensor):
-        return bytes_.masked_fill(is_done, math.inf), finish_slot + is_done * (k + 1)
     return bytes_.masked_fill_(is_done, math.inf), finish_slot.add_(is_done, alpha=k + 1)
 
 
@@ -426,6 +423,34 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
             metric_t.permute(2, 0, 1))
 
 
+@dataclasses.dataclass
+class _EagerRun:
+    """The running tensors of the eager slot loop within one step (``NetL2Legacy._eager_slot`` moves
+    them on by one slot). Per message ``[E, R, A]``, per robot ``[E, R]``; ``held`` ``[D, E, R, A]``,
+    ``rlc_cnt`` and ``round_slot`` are written in place, the HARQ and grant rings through ``harqs`` and
+    ``grants`` (views of ``st``'s rings)."""
+
+    st: L2State
+    held: torch.Tensor
+    rlc_cnt: torch.Tensor
+    round_slot: torch.Tensor
+    unsched: torch.Tensor  # bytes not yet in any TB nor held by RLC
+    bytes_: torch.Tensor  # unacked bytes, +inf: can no longer complete
+    usable: torch.Tensor  # bool, not lost by RLC
+    finish_slot: torch.Tensor  # long, the delivery slot (-1: not yet)
+    known: torch.Tensor
+    outstanding: torch.Tensor
+    olla: torch.Tensor
+    avg: torch.Tensor
+    is_held: list  # per RLC ring slot: may hold bytes
+    harqs: list
+    grants: list
+    no_msgs: torch.Tensor  # [E, R, A] False
+    no_robots: torch.Tensor  # [E, R] False
+    log: dict  # per-slot events, for NetL2Legacy._count
+    is_tx_by_slot: list
+
+
 class NetL2Legacy(DiscreteLevel):
     """L2-legacy level: SR/BSR, PF per subband, fading, BLER, OLLA, HARQ and RLC (module doc).
 
@@ -437,17 +462,18 @@ class NetL2Legacy(DiscreteLevel):
     list makes each slot append a dict of its tensors (for tests; off by default; the eager loop
     runs then).
 
-    ``slot_loop``: ``"eager"`` runs each slot as torch ops; ``"compiled"`` runs the same slot as one
-    compiled kernel (:mod:`._l2_slot`, compiled once for every E; ``make_engine(...,
-    backend="compiled")``): the same events from the same seed; faster than eager at small E,
-    slower at large E (docs/design.md §2).
+    ``slot_loop``: ``"numba"`` (the default on the CPU) runs each control step's slot loop as one numba
+    kernel (:mod:`._l2_numba`; ``make_engine(..., backend="numba")``); ``"eager"`` (the default
+    elsewhere) runs each slot as torch ops. The same events from the same seed (docs/design.md §2).
     """
 
     name = "L2-legacy"
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg=None, dtype=torch.float32,
-                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None, slot_loop: str = "eager"):
+                 seed: int | None = None, l2_cfg: L2LegacyConfig | None = None, slot_loop: str | None = None):
         super().__init__(E, R, device, cfg=cfg, dtype=dtype, seed=seed)
+        if slot_loop is None:  # the numba kernel where it runs (the CPU), else eager torch ops
+            slot_loop = "numba" if self.device.type == "cpu" else "eager"
         if slot_loop not in SLOT_LOOPS:
             raise ValueError(f"slot_loop: expected one of {', '.join(SLOT_LOOPS)}, got {slot_loop!r}")
         self.l2 = l2_cfg if l2_cfg is not None else L2LegacyConfig()
@@ -498,13 +524,13 @@ class NetL2Legacy(DiscreteLevel):
         self.counters = {k: torch.zeros(E, R, dtype=dtype, device=dev) for k in COUNTER_KEYS}
         self.trace: list | None = None
         self.slot_loop = slot_loop
-        if slot_loop == "compiled":
-            from isaac_net.core.levels import _l2_slot
+        if slot_loop == "numba":
+            from isaac_net.core.levels import _l2_numba
 
-            if not _l2_slot.supports(self):
-                raise ValueError("slot_loop: 'compiled' needs l2_cfg.rlc_delay_slots >= 1 and at most 16 "
-                                 f"subbands, got {l2.rlc_delay_slots} and {S}; use slot_loop='eager'")
-            self._slot_inputs = _l2_slot.constants(self)
+            if not _l2_numba.available(self.device):
+                raise ValueError(f"slot_loop: 'numba' runs on the CPU, got device={self.device}; "
+                                 "use slot_loop='eager'")
+            self._slot_inputs = _l2_numba.constants(self)
 
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
@@ -554,18 +580,19 @@ class NetL2Legacy(DiscreteLevel):
 
     # ------------------------------------------------------------------ service
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
-        if self.slot_loop == "compiled" and self.trace is None:
-            from isaac_net.core.levels import _l2_slot
+        if self.slot_loop == "numba" and self.trace is None:
+            from isaac_net.core.levels import _l2_numba
 
-            return _l2_slot.serve(self, q, ctx)
+            return _l2_numba.serve(self, q, ctx)
         return self._serve_eager(q, ctx)
 
-    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor):
-        """Per UL slot of step ``t`` (either slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
+    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor,
+                       estimate=None):
+        """Per UL slot of step ``t`` (every slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
         (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``) and the gNB's
-        :class:`Estimate` of it ``est_delay_slots`` old. The fading blocks the step drew
-        (``_draw_step``) enter the ring as they start; each of the two is recomputed only when its
-        block changes (the same objects otherwise)."""
+        :class:`Estimate` of it ``est_delay_slots`` old (or what ``estimate(level, x_est)`` makes of
+        it). The fading blocks the step drew (``_draw_step``) enter the ring as they start; each of
+        the two is recomputed only when its block changes (the same objects otherwise)."""
         l2, K, H, coh = self.l2, self.cfg.num_slots, self._num_blocks, self.l2.coh_slots
         gains, b_now, b_est = self.gains, None, None
         for k in range(K):
@@ -577,118 +604,132 @@ class NetL2Legacy(DiscreteLevel):
                 rx_now = snr3 * gains[b_now % H]
             if (s - l2.est_delay_slots) // coh != b_est:
                 b_est = (s - l2.est_delay_slots) // coh
-                est = self._estimate(snr3 * gains[b_est % H])
+                x_est = snr3 * gains[b_est % H]
+                est = self._estimate(x_est) if estimate is None else estimate(self, x_est)
             yield k, s, rx_now, est
 
     def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
         """The slot loop in eager torch ops, with host-side branches that skip rare work on the CPU."""
-        cfg, l2 = self.cfg, self.l2
-        E, R, A = self.E, self.R, cfg.timeout_steps
-        P, K2, H, coh = l2.harq_rtt_slots, l2.k2_slots, self._num_blocks, l2.coh_slots
-        t, dev = ctx.t, self.device
-        zero, host = self._zero, self._host_branches
-
-        idx, bytes_, live = messages_by_age(q, t, A)
-        st = self.l2_state.forget(~live)
-        held, rlc_cnt, round_slot = st.held, st.rlc_cnt, st.round_slot  # held: a ring, written in place
-        D = held.shape[0]
-        # Bytes not yet in any TB (nor held by RLC): the only ones a new TB may take.
-        unsched = bytes_ - st.pending - held.sum(0)
-        # Unacked bytes; +inf marks a message that can no longer complete (absent, done, lost).
-        bytes_ = bytes_.masked_fill(~live, math.inf)
-        usable = live  # not lost by RLC
-        known, outstanding, olla, avg = st.known, st.outstanding, st.olla_db, st.avg_thr
-
+        t = ctx.t
+        idx, bytes_, live = messages_by_age(q, t, self.cfg.timeout_steps)
+        run = self._eager_begin(bytes_, live, t)
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
-        finish_slot = torch.full((E, R, A), -1, dtype=torch.long, device=dev)
         uniforms, block_starts, new_blocks = self._draw_step(t)
         nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
-        no_msgs = torch.zeros(E, R, A, dtype=torch.bool, device=dev)
-        no_robots = torch.zeros(E, R, dtype=torch.bool, device=dev)
-        log = {k: [] for k in ("new", "nack", "retx", "fail", "round", "lost", "sr")}
+        for k, s, rx_now, est in self._slot_channels(t, snr3, block_starts, new_blocks):
+            self._eager_slot(run, k, s, rx_now, est, nack_below[k], uniforms[k])
+        self._count(run.log)
+        st = dataclasses.replace(run.st, rlc_cnt=run.rlc_cnt, round_slot=run.round_slot, known=run.known,
+                                 outstanding=run.outstanding, olla_db=run.olla, avg_thr=run.avg)
+        return self._close_step(q, st, idx, live, run.usable, run.bytes_, run.unsched, run.finish_slot,
+                                mech.count_true(torch.stack(run.is_tx_by_slot), 0))
+
+    def _eager_begin(self, bytes_: torch.Tensor, live: torch.Tensor, t: int) -> _EagerRun:
+        """The eager loop's running tensors at the start of step ``t`` (``bytes_``, ``live``: the queue
+        in age order, :func:`messages_by_age`)."""
+        E, R, A, D = self.E, self.R, self.cfg.timeout_steps, self.l2.rlc_delay_slots + 1
+        st = self.l2_state.forget(~live)
+        held = st.held  # a ring, written in place
         # The RLC ring's slots that may hold bytes (on the CPU the others are skipped: adding 0 is a no-op).
         is_held = [True] * D
-        if host:
+        if self._host_branches:
             flat = held.reshape(D, -1)
             is_held = ((flat.amax(1) != 0) | (flat.amin(1) != 0)).tolist()
-        is_tx_by_slot = []
-        # Views of every HARQ process and grant slot, written in place (cheaper than indexing per slot).
-        harqs = [st.harq(p) for p in range(P)]
-        grants = [st.grant(u) for u in range(K2)]
+        return _EagerRun(
+            st=st, held=held, rlc_cnt=st.rlc_cnt, round_slot=st.round_slot,
+            # Bytes not yet in any TB (nor held by RLC): the only ones a new TB may take.
+            unsched=bytes_ - st.pending - held.sum(0),
+            # Unacked bytes; +inf marks a message that can no longer complete (absent, done, lost).
+            bytes_=bytes_.masked_fill(~live, math.inf),
+            usable=live,  # not lost by RLC
+            finish_slot=torch.full((E, R, A), -1, dtype=torch.long, device=self.device),
+            known=st.known, outstanding=st.outstanding, olla=st.olla_db, avg=st.avg_thr, is_held=is_held,
+            # Views of every HARQ process and grant slot, written in place (cheaper than indexing per slot).
+            harqs=[st.harq(p) for p in range(self.l2.harq_rtt_slots)],
+            grants=[st.grant(u) for u in range(self.l2.k2_slots)],
+            no_msgs=torch.zeros(E, R, A, dtype=torch.bool, device=self.device),
+            no_robots=torch.zeros(E, R, dtype=torch.bool, device=self.device),
+            log={k: [] for k in ("new", "nack", "retx", "fail", "round", "lost", "sr")}, is_tx_by_slot=[])
 
-        for k, s, rx_now, est in self._slot_channels(t, snr3, block_starts, new_blocks):
-            # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
-            if is_held[s % D]:
-                unsched = unsched + torch.where(usable, held[s % D], zero)
-                held[s % D] = 0
-                is_held[s % D] = not host
+    def _eager_slot(self, run: _EagerRun, k: int, s: int, rx_now: torch.Tensor, est: Estimate,
+                    nack_below: torch.Tensor, u: torch.Tensor) -> None:
+        """UL slot ``s`` (``k`` in the step) of the eager loop: ``run`` moves on by one slot."""
+        l2, host, D = self.l2, self._host_branches, len(run.is_held)
+        P, K2 = l2.harq_rtt_slots, l2.k2_slots
+        # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
+        if run.is_held[s % D]:
+            run.unsched = run.unsched + torch.where(run.usable, run.held[s % D], self._zero)
+            run.held[s % D] = 0
+            run.is_held[s % D] = not host
 
-            # Transmission: the retransmission due now, or a new TB on the grant of slot s.
-            p = s % P
-            hq, gr = harqs[p], grants[s % K2]
-            tx = transmit(unsched, hq, gr, rx_now, nack_below[k], self._bler_c, self._bler_b, l2.harq_max_tx)
-            unsched = unsched - tx.take
-            bytes_, finish_slot = deliver(bytes_, finish_slot, tx, k)
+        # Transmission: the retransmission due now, or a new TB on the grant of slot s.
+        hq, gr = run.harqs[s % P], run.grants[s % K2]
+        tx = transmit(run.unsched, hq, gr, rx_now, nack_below, self._bler_c, self._bler_b, l2.harq_max_tx)
+        run.unsched = run.unsched - tx.take
+        run.bytes_, run.finish_slot = deliver(run.bytes_, run.finish_slot, tx, k)
 
-            # HARQ failure: RLC resends the bytes after rlc_delay_slots, or the message is lost.
-            first = hq.first.masked_fill(tx.is_new, s)  # a new TB starts here; a retransmission keeps its own
-            if host and not bool(tx.fail.any()):
-                is_lost = is_round = requeue = no_msgs
-            else:
-                is_lost, is_round, requeue = rlc_failure(tx, first, usable, round_slot, rlc_cnt,
-                                                         l2.rlc_max_retx)
-                # (In place: bytes_, rlc_cnt and round_slot are this step's own tensors.)
-                if not host or bool(is_lost.any()):  # a loss is rare
-                    usable = usable ^ is_lost
-                    bytes_.masked_fill_(is_lost, math.inf)
-                    unsched = unsched.masked_fill(is_lost, 0.0)
-                    log["lost"].append(mech.count_true(is_lost, -1))
-                rlc_cnt += is_round
-                round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
-                # TB contents are finite and >= 0: the product is torch.where(requeue, content, 0).
-                held[(s + l2.rlc_delay_slots) % D] += tx.content * requeue
-                is_held[(s + l2.rlc_delay_slots) % D] = True
-                # Per robot: the [E, R, A] masks would cost a large stack at the end of the step.
-                log["round"].append(mech.count_true(is_round, -1))
-            for ring, v in zip(hq, harq_next(tx, first), strict=True):
-                ring.copy_(v)
+        # HARQ failure: RLC resends the bytes after rlc_delay_slots, or the message is lost.
+        first = hq.first.masked_fill(tx.is_new, s)  # a new TB starts here; a retransmission keeps its own
+        requeue, is_lost = self._eager_rlc(run, tx, first, s)
+        for ring, v in zip(hq, harq_next(tx, first), strict=True):
+            ring.copy_(v)
 
-            olla = mech.olla_update(olla, tx.is_new, tx.nack, l2.olla_up_db, l2.olla_down_db, l2.olla_max_db)
-            avg = torch.lerp(avg, tx.tb_bytes, 1.0 - l2.pf_beta)
-            known, outstanding, left = buffer_report(known, outstanding, gr.tbs, tx)
-            if self._has_occasion[s % l2.sr_period_slots]:
-                is_sr, known = scheduling_request(self._sr_occasion[s % l2.sr_period_slots], left, known,
-                                                  outstanding, self._sr_bytes)
-            else:
-                is_sr = no_robots
+        run.olla = mech.olla_update(run.olla, tx.is_new, tx.nack, l2.olla_up_db, l2.olla_down_db,
+                                    l2.olla_max_db)
+        run.avg = torch.lerp(run.avg, tx.tb_bytes, 1.0 - l2.pf_beta)
+        run.known, run.outstanding, left = buffer_report(run.known, run.outstanding, gr.tbs, tx)
+        if self._has_occasion[s % l2.sr_period_slots]:
+            is_sr, run.known = scheduling_request(self._sr_occasion[s % l2.sr_period_slots], left, run.known,
+                                                  run.outstanding, self._sr_bytes)
+        else:
+            is_sr = run.no_robots
 
-            # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now).
-            new, need, metric = grant(est, known, avg, olla, harqs[(s + K2) % P], l2.pf_rounds,
-                                      self._sel_db, self._tbs_per_sb, stop_early=host)
-            for ring, v in zip(gr, new, strict=True):  # slot s + K2 lives where slot s did
-                ring.copy_(v)
-            known = (known - new.tbs).clamp(min=0)
-            outstanding = outstanding + new.tbs
+        # Grant for slot u = s + K2 (K2 < RTT: its retransmissions are known now).
+        new, need, metric = grant(est, run.known, run.avg, run.olla, run.harqs[(s + K2) % P], l2.pf_rounds,
+                                  self._sel_db, self._tbs_per_sb, stop_early=host)
+        for ring, v in zip(gr, new, strict=True):  # slot s + K2 lives where slot s did
+            ring.copy_(v)
+        run.known = (run.known - new.tbs).clamp(min=0)
+        run.outstanding = run.outstanding + new.tbs
 
-            is_tx_by_slot.append(tx.is_tx)
-            for key, v in (("new", tx.is_new), ("nack", tx.nack), ("retx", tx.is_retx), ("fail", tx.fail),
-                           ("sr", is_sr)):
-                log[key].append(v)
-            if self.trace is not None:
-                self.trace.append(dict(
-                    s=s, k=k, gain=self.gains[(s // coh) % H].clone(), u=uniforms[k], is_new=tx.is_new,
-                    is_retx=tx.is_retx, nack=tx.nack, fail=tx.fail, ntx=tx.ntx, tb_bytes=tx.tb_bytes,
-                    content=tx.content, sb=tx.sb, mcs=tx.mcs,
-                    bler=mech.bler(10.0 * torch.log10(tx.acc), tx.mcs, self._thr_db, l2.bler_slope_db),
-                    requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=known, alloc=new.sb, need=need,
-                    tbs_grant=new.tbs, metric=metric, sendable=tx.sendable, unsched=unsched,
-                    held=held.sum(0), olla_db=olla))
+        run.is_tx_by_slot.append(tx.is_tx)
+        for key, v in (("new", tx.is_new), ("nack", tx.nack), ("retx", tx.is_retx), ("fail", tx.fail),
+                       ("sr", is_sr)):
+            run.log[key].append(v)
+        if self.trace is not None:
+            H, coh = self._num_blocks, l2.coh_slots
+            self.trace.append(dict(
+                s=s, k=k, gain=self.gains[(s // coh) % H].clone(), u=u, is_new=tx.is_new,
+                is_retx=tx.is_retx, nack=tx.nack, fail=tx.fail, ntx=tx.ntx, tb_bytes=tx.tb_bytes,
+                content=tx.content, sb=tx.sb, mcs=tx.mcs,
+                bler=mech.bler(10.0 * torch.log10(tx.acc), tx.mcs, self._thr_db, l2.bler_slope_db),
+                requeue=requeue, is_lost=is_lost, is_sr=is_sr, known=run.known, alloc=new.sb, need=need,
+                tbs_grant=new.tbs, metric=metric, sendable=tx.sendable, unsched=run.unsched,
+                held=run.held.sum(0), olla_db=run.olla))
 
-        self._count(log)
-        st = dataclasses.replace(st, rlc_cnt=rlc_cnt, round_slot=round_slot, known=known,
-                                 outstanding=outstanding, olla_db=olla, avg_thr=avg)
-        return self._close_step(q, st, idx, live, usable, bytes_, unsched, finish_slot,
-                                mech.count_true(torch.stack(is_tx_by_slot), 0))
+    def _eager_rlc(self, run: _EagerRun, tx: Tx, first: torch.Tensor,
+                   s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager loop's HARQ failures of slot ``s``: RLC holds the bytes for ``rlc_delay_slots`` or
+        the message is lost. :output: ``(requeue, is_lost)`` ``[E, R, A]`` bool."""
+        l2, host, D = self.l2, self._host_branches, len(run.is_held)
+        if host and not bool(tx.fail.any()):
+            return run.no_msgs, run.no_msgs
+        is_lost, is_round, requeue = rlc_failure(tx, first, run.usable, run.round_slot, run.rlc_cnt,
+                                                 l2.rlc_max_retx)
+        # (In place: bytes_, rlc_cnt and round_slot are this step's own tensors.)
+        if not host or bool(is_lost.any()):  # a loss is rare
+            run.usable = run.usable ^ is_lost
+            run.bytes_.masked_fill_(is_lost, math.inf)
+            run.unsched = run.unsched.masked_fill(is_lost, 0.0)
+            run.log["lost"].append(mech.count_true(is_lost, -1))
+        run.rlc_cnt += is_round
+        run.round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
+        # TB contents are finite and >= 0: the product is torch.where(requeue, content, 0).
+        run.held[(s + l2.rlc_delay_slots) % D] += tx.content * requeue
+        run.is_held[(s + l2.rlc_delay_slots) % D] = True
+        # Per robot: the [E, R, A] masks would cost a large stack at the end of the step.
+        run.log["round"].append(mech.count_true(is_round, -1))
+        return requeue, is_lost
 
     def _close_step(self, q: Queue, st: L2State, idx: torch.Tensor, live: torch.Tensor, usable: torch.Tensor,
                     bytes_: torch.Tensor, unsched: torch.Tensor, finish_slot: torch.Tensor,

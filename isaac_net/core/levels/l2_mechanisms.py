@@ -7,7 +7,6 @@ slot by slot. Shapes use ``E`` envs, ``R`` robots, ``S`` subbands, ``M`` MCS ind
 
 from __future__ import annotations
 
-import itertools
 import math
 import typing
 
@@ -62,9 +61,6 @@ def select_mcs(sinr_est_db: torch.Tensor, offset_db: torch.Tensor, thr_db: torch
     :output: ``[...]`` long MCS index in ``[0, M)``.
     """
     x = (sinr_est_db - offset_db).contiguous()
-    if torch.compiler.is_compiling():  # the same count, as comparisons inductor fuses (it calls searchsorted)
-        above = sum((x >= thr_db[m]).to(torch.long) for m in range(thr_db.shape[0]))
-        return (above - 1).clamp_(min=0)
     return (torch.searchsorted(thr_db, x, right=True) - 1).clamp_(min=0)
 
 
@@ -122,27 +118,15 @@ def as_float(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return as_uint8(mask).to(dtype)
 
 
-# Eagerly a bool mask and its 0/1 bytes are the same storage: a view converts for free. In a
-# compiled kernel (levels/_l2_slot.py) a conversion is free too, and inductor's bit casts between
-# bool and uint8 are unsafe on the CPU (torch 2.13: no vectorised cast to bool; a sum over a viewed
-# mask counted every byte): the kernel converts.
+# A bool mask and its 0/1 bytes are the same storage: a view converts for free.
 def as_bool(mask01: torch.Tensor) -> torch.Tensor:
     """A uint8 0/1 mask as bool."""
-    return mask01 != 0 if torch.compiler.is_compiling() else mask01.view(torch.bool)
+    return mask01.view(torch.bool)
 
 
 def as_uint8(mask: torch.Tensor) -> torch.Tensor:
     """A bool mask as uint8 0/1."""
-    return mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)
-
-
-def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``torch.cumsum``; in a compiled kernel the same running sum written out (inductor calls ATen's
-    cumsum on the CPU, an op outside the fused kernel), added in the same order."""
-    if not torch.compiler.is_compiling():
-        return x.cumsum(dim, dtype=dtype)
-    parts = (x if dtype is None else x.to(dtype)).unbind(dim)
-    return torch.stack(list(itertools.accumulate(parts)), dim)
+    return mask.view(torch.uint8)
 
 
 def count_true(mask: torch.Tensor, dim: int) -> torch.Tensor:
@@ -254,12 +238,6 @@ def _out_table(S: int, dtype: torch.dtype, device) -> torch.Tensor:
     return _tables[key]
 
 
-def pf_tables(S: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables :func:`pf_allocate_envs_last` reads up to ``_TABLE_MAX_SUBBANDS`` subbands: the
-    keep table and the out table."""
-    return _keep_table(S, device), _out_table(S, dtype, device)
-
-
 class PfOrder(typing.NamedTuple):
     """Each robot's subbands by decreasing metric, in the forms :func:`pf_allocate_envs_last` uses.
     All ``[R, S, E]``."""
@@ -283,20 +261,15 @@ class PfOrder(typing.NamedTuple):
 
 
 def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: torch.Tensor, num_rounds: int,
-                          order: PfOrder, *, stop_early: bool = False,
-                          tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                          order: PfOrder, *, stop_early: bool = False) -> torch.Tensor:
     """:func:`pf_allocate` with the envs last: ``metric`` ``[R, S, E]``, ``need`` ``[R, E]``,
     ``is_free`` ``[S, E]``; ``order`` from :meth:`PfOrder.of`. The same allocation, ``[R, S, E]`` bool.
 
-    ``stop_early`` also allows the other host-side branch, a test for ties. ``tables``: the keep
-    and out tables (:func:`pf_tables`), passed in by a compiled caller (a graph must not capture
-    a module's tensors as constants); the order's keep weights must be there too.
+    ``stop_early`` also allows the other host-side branch, a test for ties.
     """
     R, S, E = metric.shape
-    if tables is None:
-        tables = (_keep_table(S, metric.device) if order.weight is not None else None,
-                  _out_table(S, metric.dtype, metric.device))
-    table, out = tables
+    table = _keep_table(S, metric.device) if order.weight is not None else None
+    out = _out_table(S, metric.dtype, metric.device)
     count = torch.uint8 if max(R, S) < 256 else torch.int32  # for counts of robots or subbands
     # A robot keeps at most S subbands: a larger need acts as S.
     need_left = need.clamp(0, S).to(torch.int32, memory_format=torch.contiguous_format)  # [R, E]
@@ -310,7 +283,7 @@ def pf_allocate_envs_last(metric: torch.Tensor, need: torch.Tensor, is_free: tor
         offered = m.eq_(best).bool() & has
         n_off = as_uint8(offered)
         if not stop_early or int(n_off.sum(0, dtype=count).amax()) > 1:
-            offered &= ~cumsum(n_off, 0, dtype=count).sub_(n_off).bool()
+            offered &= ~n_off.cumsum(0, dtype=count).sub_(n_off).bool()
         # Each robot keeps the offered subbands that come first in its order, up to its need.
         if table is not None:
             idx = (n_off * order.weight).sum(1, dtype=torch.int32).add_(need_left)

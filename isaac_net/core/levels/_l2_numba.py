@@ -1,0 +1,483 @@
+"""L2-legacy's control step as one numba kernel: the level's ``slot_loop="numba"`` (docs/design.md §2).
+
+Below a few hundred cells an eager L2-legacy step is per-op overhead (about 190 small torch ops a
+slot, 40 slots a step). Here the whole slot loop of a step (every slot, env and robot) is one call of
+:func:`_step_kernel`, a numba function over numpy views of the level's CPU tensors, written in place.
+It is the eager loop (:meth:`~.l2_legacy.NetL2Legacy._serve_eager`) element by element, in the
+level's dtype, with the same comparisons deciding the events. What stays in torch: the queue in age
+order, the step's random numbers (drawn by the level's generator in its order), the channel and the
+gNB's estimate per fading block (:meth:`~.l2_legacy.NetL2Legacy._slot_channels`), and the end of the
+step. So one seed gives the events of the eager loop.
+
+Floating point: the sums over subbands add in the order ATen's CPU reduction does (SIMD lanes, then
+the lanes in order; :func:`_aten_sum`), the PF average is ATen's ``lerp`` (one fused multiply-add).
+The transcendental functions (``log2``, ``exp2``, ``log``, ``log10``) are the C library's here and
+SLEEF's in ATen's vector loops: a last-bit difference can move a float by one ulp; an event moves
+only if a uniform or a threshold falls within that ulp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba.extending import intrinsic
+
+from isaac_net.core import radio
+from isaac_net.core.levels import l2_mechanisms as mech
+from isaac_net.core.levels.l2_legacy import messages_by_age
+
+# The per-robot counts of a step (``counts`` ``[len(COUNTS), E, R]``): the level's counters and the
+# slots each robot transmitted in (the energy).
+COUNTS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr", "tx_slots")
+# The float constants, in this order, as one array of the level's dtype.
+CONSTS = ("bler_c", "olla_up_db", "olla_down_db", "olla_max_db", "pf_weight", "sr_grant_bytes", "avg_floor",
+          "sinr_floor_lin", "ten")
+# The integer constants and the step's slot numbers, in this order, as one int64 array.
+INTS = ("t", "num_slots", "harq_rtt", "k2", "rlc_ring", "rlc_delay", "harq_max_tx", "rlc_max_retx",
+        "sr_period", "pf_rounds", "simd_lanes")
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (LLVM's fma), as ATen's vectorised ``lerp`` computes."""
+    def codegen(context, builder, signature, args):
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [ty], ir.FunctionType(ty, [ty, ty, ty]))
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _aten_sum(x, lanes, p):
+    """``x.sum()`` added in the order of ATen's CPU sum over a contiguous last dimension (``p``: scratch
+    of at least ``4 * lanes``).
+
+    Below ``lanes`` (the SIMD width in elements) a scalar loop keeps 4 partial sums (element ``i``
+    in partial ``i % 4``, the tail in partial 0) and adds them in order; from ``lanes`` on, lane
+    ``l`` sums the elements ``v * lanes + l`` (4 partial vectors likewise), the tail after the last
+    whole vector is summed first, then each lane is added in order. (ATen's cascade levels start at
+    16 rows: a few hundred subbands; here the rows are fewer.)
+    """
+    n = x.shape[0]
+    width = lanes if n >= lanes else 1
+    nvec = n // width
+    for i in range(4 * width):
+        p[i] = 0
+    rows = nvec // 4
+    for i in range(rows * 4):
+        for lane in range(width):
+            p[(i % 4) * width + lane] += x[i * width + lane]
+    for v in range(rows * 4, nvec):
+        for lane in range(width):
+            p[lane] += x[v * width + lane]
+    for k in range(1, 4):
+        for lane in range(width):
+            p[lane] += p[k * width + lane]
+    if width == 1:
+        return p[0]
+    total = x[0] - x[0]
+    for i in range(nvec * width, n):
+        total += x[i]
+    for lane in range(width):
+        total += p[lane]
+    return total
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _effective_sinr(x, is_sb, n_f, terms, lanes, one):
+    """Shannon MIESM of one TB (:func:`~.l2_mechanisms.effective_sinr_lin`): ``x`` ``[S]`` SINR with the
+    full power in one subband, split over ``n_f`` (>= 1) subbands; ``is_sb`` ``[S]`` bool; ``terms``
+    scratch of ``S + 4 * lanes``."""
+    S = x.shape[0]
+    for j in range(S):
+        terms[j] = np.log2(x[j] / n_f + one) if is_sb[j] else one - one
+    return np.exp2(_aten_sum(terms[:S], lanes, terms[S:]) / n_f) - one
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content,
+          is_sb, terms):
+    """Robot ``r`` of env ``e`` in slot ``s`` (``k`` in the step): the retransmission due now or a new TB
+    on the grant, its HARQ feedback and the HARQ process after it (the eager
+    :func:`~.l2_legacy.transmit` and :func:`~.l2_legacy.harq_next`; :func:`_acked_or_failed` for the
+    rest). ``msgs``, ``harq``, ``grants``: the per-message fields, HARQ and grant rings
+    (:func:`_step_kernel`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
+    unsched = msgs[0]
+    hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
+    gr_sb, gr_mcs, gr_tbs = grants
+    A, S = unsched.shape[2], is_sb.shape[0]
+    p, g = ix[k, 0], ix[k, 1]
+    zero = consts[0] - consts[0]
+    # A new TB takes the oldest bytes not in a TB (whole bytes: the arithmetic is exact).
+    tbs, cum, tb_bytes = gr_tbs[g, e, r], zero, zero
+    for a in range(A):
+        u = unsched[e, r, a]
+        cum += u
+        take = min(max(tbs - cum + u, zero), u)
+        tb_bytes += take
+        unsched[e, r, a] = u - take
+        content[a] = hq_content[p, e, r, a] + take
+    is_retx = hq_active[p, e, r]
+    is_new = tb_bytes > zero
+    is_tx = is_retx or is_new
+    for j in range(S):  # the retransmission's subbands or the grant's (never both)
+        is_sb[j] = hq_sb[p, e, r, j] or gr_sb[g, e, r, j]
+    mcs = hq_mcs[p, e, r] if is_retx else gr_mcs[g, e, r]
+    nack, fail, acc, ntx = False, False, zero, hq_ntx[p, e, r] + 1
+    if is_tx:  # (without a transmission the SINR is not used: the process is emptied)
+        n_sb = 0
+        for j in range(S):
+            n_sb += is_sb[j]
+        acc = hq_acc[p, e, r] + _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)], terms, ints[10], nf[1])
+        nack = consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]  # u < BLER, in logit form
+        fail = nack and ntx >= ints[6]
+        first = s if is_new else hq_first[p, e, r]
+        n_round, n_lost = _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, first)
+        counts[4, e, r] += n_round
+        counts[5, e, r] += n_lost
+        hq_first[p, e, r] = first
+    # HARQ: a NACKed TB short of its last transmission waits for the RTT.
+    keep = nack and not fail
+    hq_active[p, e, r] = keep
+    for a in range(A):
+        hq_content[p, e, r, a] = content[a] if keep else zero
+    for j in range(S):
+        hq_sb[p, e, r, j] = is_sb[j] and keep
+    hq_mcs[p, e, r] = mcs
+    hq_acc[p, e, r] = acc if keep else zero
+    hq_ntx[p, e, r] = ntx if keep else 0
+    counts[0, e, r] += is_new
+    counts[1, e, r] += nack and is_new
+    counts[2, e, r] += is_retx
+    counts[3, e, r] += fail
+    counts[7, e, r] += is_tx
+    return is_new, nack, tb_bytes, cum
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, first):
+    """A TB's feedback for its messages (the eager :func:`~.l2_legacy.deliver` and
+    :func:`~.l2_legacy.rlc_failure`): ACK, its bytes leave the queue and a message is done with its
+    last byte; HARQ failure, RLC resends the bytes after ``rlc_delay_slots`` in the message's round
+    or a new one, or the message is lost. ``first``: the TB's first slot. :output: ``(rounds, lost)``."""
+    unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any = msgs
+    n_round, n_lost = 0, 0
+    for a in range(content.shape[0]):
+        if not nack:
+            bytes_[e, r, a] -= content[a]
+            if bytes_[e, r, a] <= zero:
+                bytes_[e, r, a] = np.inf
+                finish_slot[e, r, a] += k + 1
+        elif fail and content[a] > zero and usable[e, r, a]:
+            is_round = first >= round_slot[e, r, a]
+            if is_round and rlc_cnt[e, r, a] >= ints[7]:
+                usable[e, r, a] = False
+                bytes_[e, r, a] = np.inf
+                unsched[e, r, a] = zero
+                n_lost += 1
+                continue
+            if is_round:
+                rlc_cnt[e, r, a] += 1
+                round_slot[e, r, a] = s + ints[5]
+                n_round += 1
+            held[ix[k, 4], e, r, a] += content[a]
+            held_any[ix[k, 4]] = True
+    return n_round, n_lost
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offered_to):
+    """:func:`~.l2_mechanisms.pf_allocate_envs_last` for one env: ``metric`` ``[R, S]``, ``need_left``
+    ``[R]`` (clamped to ``[0, S]``, counted down), ``is_open`` ``[S]`` (updated), ``order`` ``[R, S]``
+    each robot's subbands best first; ``alloc`` ``[R, S]`` bool out. Each round every open subband
+    goes to the first robot at its best metric among those still needing subbands; a robot keeps
+    the first offered in its own order up to its need; a declined subband reopens."""
+    R, S = metric.shape
+    for r in range(R):
+        for j in range(S):
+            alloc[r, j] = False
+    for i in range(rounds):
+        for r in range(R):
+            kept_n[r] = 0  # first the offers per robot
+        for j in range(S):
+            offered_to[j] = -1
+            if is_open[j]:
+                best, who = metric[0, j], 0
+                for r in range(1, R):  # (selects, not branches: the comparisons are unpredictable)
+                    better = metric[r, j] > best
+                    best = metric[r, j] if better else best
+                    who = r if better else who
+                if best > -np.inf:
+                    offered_to[j] = who
+                    kept_n[who] += 1
+        for r in range(R):
+            if kept_n[r] <= need_left[r]:  # it keeps every offer
+                continue
+            kept_n[r] = 0
+            for pos in range(S):  # its best offers first
+                j = order[r, pos]
+                if offered_to[j] == r:
+                    if kept_n[r] < need_left[r]:
+                        kept_n[r] += 1
+                    else:
+                        offered_to[j] = -2  # declined
+        for j in range(S):
+            if offered_to[j] >= 0:
+                alloc[offered_to[j], j] = True
+        for r in range(R):
+            if kept_n[r] >= need_left[r]:  # its need is met: it takes no part in the next round
+                for j in range(S):
+                    metric[r, j] = -np.inf
+        if i + 1 < rounds:
+            any_open = False
+            for j in range(S):  # a subband nobody wanted stays unwanted; a declined one reopens
+                is_open[j] = offered_to[j] == -2
+                any_open |= is_open[j]
+            if not any_open:  # nothing changes any more
+                break
+            for r in range(R):
+                need_left[r] -= kept_n[r]
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+           olla_db, avg_thr, est, scratch):
+    """The grant of env ``e`` for slot ``s + k2`` on the subbands that slot's retransmissions leave
+    free (the eager :func:`~.l2_legacy.grant`): PF up to each robot's need, the MCS from the estimate
+    less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
+    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays."""
+    metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch[:7]
+    est_x, est_se, est_order, est_cap, est_max_sb = est
+    hq_active, hq_sb = harq[0], harq[2]
+    gr_sb, gr_mcs, gr_tbs = grants
+    R, S = metric.shape
+    then, g = ix[k, 2], ix[k, 1]
+    zero = consts[0] - consts[0]
+    for j in range(S):
+        is_open[j] = True
+    total_need = 0
+    for r in range(R):
+        known_t = zero if hq_active[then, e, r] else known[e, r]
+        need = 0
+        if known_t > zero:  # the fewest subbands whose capacity covers it, within the headroom
+            short = 0
+            for n in range(S):
+                short += est_cap[r, n] < known_t
+            need = min(short + 1, est_max_sb[r])
+        need_left[r] = min(need, S)
+        total_need += need_left[r]
+        floor_avg = max(avg_thr[e, r], consts[6])
+        for j in range(S):  # -inf: a robot that needs nothing takes no part
+            metric[r, j] = est_se[r, j] / floor_avg if need > 0 else -np.inf
+            if hq_sb[then, e, r, j]:
+                is_open[j] = False
+    if total_need > 0:
+        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to)
+    else:
+        for r in range(R):
+            for j in range(S):
+                alloc[r, j] = False
+    for r in range(R):
+        n_alloc = 0
+        for j in range(S):
+            n_alloc += alloc[r, j]
+            gr_sb[g, e, r, j] = alloc[r, j]
+        x_db = floor_db - olla_db[e, r]
+        if n_alloc > 0:
+            eff = _effective_sinr(est_x[r], alloc[r], nf[n_alloc], terms, ints[10], nf[1])
+            x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
+        # The highest MCS whose bound is at most the estimate (MCS 0 if none): the bounds are sorted.
+        lo, hi = 0, sel_db.shape[0]
+        while lo < hi:  # lo: how many bounds are <= x_db
+            mid = (lo + hi) // 2
+            if sel_db[mid] <= x_db:
+                lo = mid + 1
+            else:
+                hi = mid
+        mcs = max(lo - 1, 0)
+        tbs = np.floor(nf[n_alloc] * tbs_per_sb[mcs])
+        gr_mcs[g, e, r] = mcs
+        gr_tbs[g, e, r] = tbs
+        known[e, r] = max(known[e, r] - tbs, zero)
+        outstanding[e, r] += tbs
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, nack_below, rx, rx_of_slot,
+                 est_x, est_se, est_order, est_cap, est_max_sb, est_of_slot, unsched, bytes_, finish_slot,
+                 usable, rlc_cnt, round_slot, held, hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx,
+                 hq_first, gr_sb, gr_mcs, gr_tbs, known, outstanding, olla_db, avg_thr, counts, scratch):
+    """Every UL slot of step ``t`` for every env and robot, state written in place (shapes as in
+    :class:`~.l2_legacy.L2State`; ``rx`` ``[blocks, E, R, S]`` the channel per fading block,
+    ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
+    likewise for the estimate; ``nack_below`` ``[K, E, R]``; ``counts`` ``[len(COUNTS), E, R]`` int64;
+    ``ix`` ``[K, 6]`` each slot's ring entries, :func:`_ring_entries`)."""
+    E, R, A = unsched.shape
+    t, K, D = ints[0], ints[1], ints[4]
+    zero = consts[0] - consts[0]
+    held_any = scratch[9]  # per slot of the RLC ring: whether the env's entry may hold bytes
+    msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any)
+    harq = (hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first)
+    grants = (gr_sb, gr_mcs, gr_tbs)
+    content, is_sb, terms = scratch[7], scratch[8], scratch[6]
+    floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
+    for e in range(E):  # the envs are independent: one at a time, all its slots
+        for d in range(D):
+            held_any[d] = False
+            for r in range(R):
+                for a in range(A):
+                    held_any[d] |= held[d, e, r, a] != zero
+        for k in range(K):
+            s = t * K + k
+            d = ix[k, 3]
+            for r in range(R * held_any[d]):  # RLC: bytes held since s - rlc_delay are back
+                for a in range(A):
+                    if usable[e, r, a]:  # (a lost message's vanish)
+                        unsched[e, r, a] += held[d, e, r, a]
+                    held[d, e, r, a] = zero
+            held_any[d] = False
+            b, c = rx_of_slot[k], est_of_slot[k]
+            for r in range(R):
+                is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq,
+                                                         grants, rx[b], nack_below, counts, content, is_sb,
+                                                         terms)
+                if is_new:  # OLLA on first transmissions
+                    step_db = consts[1] if nack else -consts[2]
+                    olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
+                avg_thr[e, r] = _fma(consts[4], tb_bytes - avg_thr[e, r], avg_thr[e, r])  # ATen's lerp
+                # BSR with a TB on a grant; an SR at the robot's occasion if nothing is known or granted.
+                tbs = gr_tbs[ix[k, 1], e, r]
+                outstanding[e, r] -= tbs
+                left = sendable - tb_bytes
+                if tbs > zero:
+                    known[e, r] = max(left - outstanding[e, r], zero)
+                if (sr_occasion[ix[k, 5], r] and left > zero and known[e, r] <= zero
+                        and outstanding[e, r] <= zero):
+                    known[e, r] = consts[5]
+                    counts[6, e, r] += 1
+            est = (est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e], est_max_sb[c, e])
+            _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+                   olla_db, avg_thr, est, scratch)
+
+
+def available(device: torch.device) -> bool:
+    """The kernel runs on the CPU only (numpy views of the tensors)."""
+    return device.type == "cpu"
+
+
+def constants(level) -> dict:
+    """What every step of ``level`` passes the kernel besides the state, as numpy arrays."""
+    l2, cfg, dt = level.l2, level.cfg, level.dtype
+    # The eager OLLA step, torch.where(nack, up_db, -down_db) of two Python numbers, is a tensor of the
+    # default dtype: the same values here.
+    step_db = torch.tensor([l2.olla_up_db, l2.olla_down_db], dtype=torch.get_default_dtype()).tolist()
+    values = {"bler_c": level._bler_c, "olla_up_db": step_db[0], "olla_down_db": step_db[1],
+              "olla_max_db": l2.olla_max_db, "pf_weight": 1.0 - l2.pf_beta,
+              "sr_grant_bytes": l2.sr_grant_bytes,
+              "avg_floor": 1e-3, "sinr_floor_lin": 1e-30, "ten": 10.0}
+    # ATen's SIMD width (its sums add lane by lane): 512 bits with AVX-512, 256 otherwise.
+    lanes = (64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32) // dt.itemsize
+    ints = {"num_slots": cfg.num_slots, "harq_rtt": l2.harq_rtt_slots, "k2": l2.k2_slots,
+            "rlc_ring": l2.rlc_delay_slots + 1, "rlc_delay": l2.rlc_delay_slots,
+            "harq_max_tx": l2.harq_max_tx,
+            "rlc_max_retx": l2.rlc_max_retx, "sr_period": l2.sr_period_slots, "pf_rounds": l2.pf_rounds,
+            "simd_lanes": lanes}
+    return {
+        "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
+        "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
+        "tables": tuple(x.detach().cpu().clone().numpy() for x in (
+            level._bler_b, level._sel_db, level._tbs_per_sb,
+            torch.arange(cfg.num_subbands + 1, dtype=dt), level._sr_occasion)),
+    }
+
+
+def _ring_entries(l2, t: int, K: int) -> np.ndarray:
+    """Per slot ``s`` of step ``t`` (``[K, 6]`` int64): its HARQ process ``s % P``, its grant ``s % K2``,
+    the process of the slot it grants for ``(s + K2) % P``, the RLC entries of ``s`` and of
+    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``."""
+    s = t * K + np.arange(K, dtype=np.int64)
+    P, K2, D = l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1
+    return np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
+                     s % l2.sr_period_slots], 1)
+
+
+def estimate(level, x_est: torch.Tensor) -> tuple:
+    """The part of the level's :class:`~.l2_legacy.Estimate` the kernel reads: ``(x, se, order, cap,
+    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does."""
+    se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
+    order = torch.argsort(se_est, dim=-1, descending=True)
+    cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
+                                            level._gap_lin, level._min_sinr_lin, level.cfg.num_subbands)
+    return x_est, se_est, order, cap, max_sb
+
+
+def _by_block(values: list) -> tuple[list, np.ndarray]:
+    """Per slot objects that repeat within a fading block: the distinct ones and each slot's index."""
+    distinct, of_slot = [], []
+    for v in values:
+        if not distinct or v is not distinct[-1]:
+            distinct.append(v)
+        of_slot.append(len(distinct) - 1)
+    return distinct, np.array(of_slot, dtype=np.int64)
+
+
+def serve(level, q, ctx):
+    """``level``'s step through the kernel: the eager loop's draws and events."""
+    cfg, inputs = level.cfg, level._slot_inputs
+    E, R, A, t = level.E, level.R, cfg.timeout_steps, ctx.t
+    idx, bytes_, live = messages_by_age(q, t, A)
+    st = level.l2_state.forget(~live)
+    # The kernel writes the state in place: each field contiguous (a no-op unless load_state gave a
+    # strided one), the [E, R] fields this step's own (a state() taken before keeps its values).
+    st = L2StateView.own(st)
+    unsched = bytes_ - st.pending - st.held.sum(0)  # bytes not yet in any TB nor held by RLC
+    bytes_ = bytes_.masked_fill(~live, math.inf)  # +inf: can no longer complete
+    usable = live.clone()
+    finish_slot = torch.full((E, R, A), -1, dtype=torch.long)
+
+    snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
+    uniforms, block_starts, new_blocks = level._draw_step(t)
+    nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
+    slots = list(level._slot_channels(t, snr3, block_starts, new_blocks, estimate=estimate))
+    rx, rx_of_slot = _by_block([x[2] for x in slots])
+    est, est_of_slot = _by_block([x[3] for x in slots])
+    est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
+    counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
+    S, dt = cfg.num_subbands, inputs["consts"].dtype
+    scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
+               np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
+               np.empty(A, dt), np.empty(S, np.bool_),
+               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
+    ints = inputs["ints"].copy()
+    ints[0] = t
+    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
+                 nack_below.numpy(), torch.stack(rx).numpy(),
+                 rx_of_slot, *(x.numpy() for x in est), est_of_slot,
+                 *(x.numpy() for x in (unsched, bytes_, finish_slot, usable)),
+                 *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
+    counts = torch.from_numpy(counts)
+    for key, c in zip(COUNTS, counts, strict=True):
+        if key in level.counters:
+            level.counters[key] += c
+    return level._close_step(q, st, idx, live, usable, bytes_, unsched, finish_slot, counts[-1])
+
+
+class L2StateView:
+    """How the kernel sees an :class:`~.l2_legacy.L2State`: the fields it reads and writes, in its
+    argument order."""
+
+    KERNEL_FIELDS = ("rlc_cnt", "round_slot", "held", "hq_active", "hq_content", "hq_sb", "hq_mcs", "hq_acc",
+                     "hq_ntx", "hq_first", "gr_sb", "gr_mcs", "gr_tbs", "known", "outstanding", "olla_db",
+                     "avg_thr")
+    OWN = ("known", "outstanding", "olla_db", "avg_thr")
+
+    @classmethod
+    def own(cls, st):
+        """``st`` with contiguous fields and the per-robot ``[E, R]`` fields copied."""
+        fields = {k: (v.clone() if k in cls.OWN else v.contiguous()) for k, v in st.tensors().items()}
+        return dataclasses.replace(st, **fields)
