@@ -172,6 +172,8 @@ def run_child(cmd: list[str], timeout_s: float, env: dict | None = None) -> tupl
     ``timeout_s`` (torch.compile starts worker processes of its own) and when this process
     dies (``die_with_parent``). Returns (exit status or None on timeout, stdout, stderr)."""
     env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
+    # The child measures this checkout's library, whatever other isaac_net the environment installs.
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH")) if x)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
                             start_new_session=True, env=env)
     try:
