@@ -1,12 +1,13 @@
 """Cost of a rollout: wall time of the forward pass and of the backward pass of L1D and
 QAD (eager and ``compile=True``), at each size and torch thread count, next to the
 forward time of the discrete levels (L1, QA and, when it builds, L2-legacy) on the same
-inputs; the plain per-slot autograd design of L1D (the earlier version's) as the baseline
-of the speed-up; the first compiled call of each model with an empty and with a warm inductor
-cache; one large L1D rollout for memory; the same on CUDA when a device is visible; and the
-ratio to the earlier version's figures. L2-legacy's slot loops, eager torch ops against the numba
-kernel (the CPU's default), side by side at more batch sizes on one thread, and the numba kernel's
-first call with an empty and with a warm numba cache (``NUMBA_CACHE_DIR`` of this stage's own).
+inputs; autograd through every slot of L1D (no fused node) as the baseline of the speed-up;
+the first compiled call of each model with an empty and with a warm inductor cache; one large
+L1D rollout for memory; the same on CUDA when a device is visible; and the ratio to reference
+times of the same workloads given in the config (``earlier_s``). L2-legacy's slot loops, eager
+torch ops against the numba kernel (the CPU's default), side by side at more batch sizes on one
+thread, and the numba kernel's first call with an empty and with a warm numba cache
+(``NUMBA_CACHE_DIR`` of this stage's own).
 
 Every child process compiles into an inductor cache directory of this stage's own (one per
 model, created empty), so the "cold cache" rows are cold on any machine and the rest do not
@@ -222,7 +223,7 @@ def _jobs(params: dict, device: str) -> list[dict]:
                   "cache": cache} for m in params["modes"] for cache in FIRST_CALLS]
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
              for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
-    # Autograd through every op (L1D: every slot, the earlier version's design; QAD: the step's ops)
+    # Autograd through every op (L1D: every slot, the baseline design; QAD: the step's ops)
     # against the default eager, whose slot loop (L1D) and step (QAD) are nodes with hand-written backwards.
     jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1, "slots": "autograd"}
              for E in params["E"] for m in params["modes"]]
@@ -276,7 +277,7 @@ def _variant(job: dict) -> str:
 
 
 def _earlier_ratio(row: dict, earlier_s: dict) -> float | None:
-    """The earlier version's time for this workload over ours (fwd + bwd for L1D, forward for
+    """The reference time of this workload (config ``earlier_s``) over ours (fwd + bwd for L1D, forward for
     L2-legacy); steady-state rows only."""
     if not row["available"] or row["T"] != earlier_s["T"] or "first call" in row["variant"]:
         return None
@@ -318,13 +319,17 @@ def _l2_rows(rows: list, params: dict, T: int) -> tuple[list, dict | None]:
                 and (E is None or r["E"] == E)]
         return hits[0] if hits else None
 
+    targets = {int(E): float(x) for E, x in l2.get("speedup_targets", [])}
     side = []
     for E in l2["E"]:
         s = {b: row(f"discrete, {b} slot loop", E) for b in L2_BACKENDS}
         secs = {b: s[b]["forward_s"] if s[b] else None for b in L2_BACKENDS}
         side.append({"E": E, **{f"{b}_s": secs[b] for b in L2_BACKENDS},
                      **{f"{b}_cell_steps_per_s": E * T / secs[b] if secs[b] else None for b in L2_BACKENDS},
-                     "speedup": secs["eager"] / secs["numba"] if secs["eager"] and secs["numba"] else None})
+                     "speedup": secs["eager"] / secs["numba"] if secs["eager"] and secs["numba"] else None,
+                     "target_speedup": targets.get(E)})
+        side[-1]["target_met"] = (None if side[-1]["speedup"] is None or E not in targets
+                                  else side[-1]["speedup"] >= targets[E])
     calls = {c: row(f"discrete, numba first call, {FIRST_CALLS[c]}") for c in ("cold", "warm")}
     first = {"E": l2["first_call_E"], "cold_target_s": l2["cold_s"], "warm_target_s": l2["warm_s"]}
     for c, r in calls.items():

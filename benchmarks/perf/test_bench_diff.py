@@ -62,7 +62,7 @@ def one_thread():
 @pytest.mark.benchmark(group="L1D E=16 T=60 fwd+bwd")
 @pytest.mark.parametrize("variant", ["per-slot-autograd", "eager", "eager-checkpoint", "compiled"])
 def test_l1d_e16(benchmark, variant):
-    """The bar: compiled under a tenth of per-slot autograd (the earlier version's design) and 0.1 s."""
+    """The bar: compiled under a tenth of per-slot autograd (the baseline design) and 0.1 s."""
     args = _problem(16)
     net = DiffFluid(16, R, DEVICE, mode="L1", tau=0.05, compile=variant == "compiled",
                     checkpoint=variant == "eager-checkpoint" or None)
