@@ -499,7 +499,7 @@ def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
 @pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
 def test_qa_rollout_node_steps_and_autograd_agree(sends):
     """QAD's rollout as one node, the same steps one node each, and autograd through every op of
-    ``model._step`` (``slots="autograd"``) give one model: values and gradients over two rollouts
+    ``model._step`` (``slot_grad="autograd"``) give one model: values and gradients over two rollouts
     in a row (the second continues from the first's state, as a constant) with a warm-up, float64."""
     s = seed_scenario("overload", E=3, R=4, T=12)
     u = torch.rand(s.T, 3, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
@@ -508,7 +508,7 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends):
         p, B, snr, dl = (t.clone().requires_grad_() for t in (s.p, s.B, s.snr_db, s.deadline))
         net = DiffFluid(3, 4, mode="QA", tau=0.05, cfg=s.cfg, dtype=F64)
         if how == "autograd":
-            net.slots = "autograd"
+            net.slot_grad = "autograd"
         assert net.fused_rollout == (how != "autograd")
         total = 0.0
         for _ in range(2):
@@ -1024,7 +1024,7 @@ def test_l1_latency_floor_nodes_equal_the_per_slot_recursion(L, sends):
     for slots in ("autograd", "recompute", "tape"):
         leaves = [t.clone().requires_grad_() for t in (p0, B0, snr0)]
         net = DiffFluid(E, R, mode="L1", tau=0.05, cfg=cfg, dtype=F64)
-        net.slots = slots
+        net.slot_grad = slots
         k = rollout(net, T, leaves[0], leaves[1], snr_db=leaves[2], warmup=2, sends=sends,
                     u=u if sends == "relaxed" else None)
         loss = kpi_mix(k) + k["delivery_ratio"]
@@ -1044,7 +1044,7 @@ def test_slot_loop_variants_agree_in_a_rollout():
         p = s.p.clone().requires_grad_()
         B = s.B.clone().requires_grad_()
         net = DiffFluid(3, 4, mode="L1", tau=0.05, dtype=F64)
-        net.slots = slots
+        net.slot_grad = slots
         k = rollout(net, s.T, p, B, snr_db=s.snr_db)
         out[slots] = (kpi_mix(k).detach(), *torch.autograd.grad(kpi_mix(k), (p, B)))
     for slots in ("tape", "autograd"):
@@ -1054,10 +1054,10 @@ def test_slot_loop_variants_agree_in_a_rollout():
 
 
 def test_checkpoint_default_keeps_the_tape_only_when_small():
-    assert DiffFluid(16, 8).slots == "tape"
-    assert DiffFluid(1024, 8).slots == "recompute"  # 12 E R K float32 = 15.7 MiB per step
-    assert DiffFluid(16, 8, checkpoint=True).slots == "recompute"
-    assert DiffFluid(1024, 8, checkpoint=False).slots == "tape"
+    assert DiffFluid(16, 8).slot_grad == "tape"
+    assert DiffFluid(1024, 8).slot_grad == "recompute"  # 12 E R K float32 = 15.7 MiB per step
+    assert DiffFluid(16, 8, checkpoint=True).slot_grad == "recompute"
+    assert DiffFluid(1024, 8, checkpoint=False).slot_grad == "tape"
     with pytest.raises(TypeError, match="checkpoint: expected True, False or None, got 'yes'"):
         DiffFluid(4, 2, checkpoint="yes")
 

@@ -106,7 +106,7 @@ def test_qa_rollout_node_counts_the_starting_queue_as_the_steps_do(warmup):
         p, B, snr = (t.clone().requires_grad_() for t in (s.p, s.B, s.snr_db))
         net = DiffFluid(2, 3, mode="QA", tau=0.05, cfg=s.cfg, dtype=F64)
         if how == "autograd":
-            net.slots = "autograd"
+            net.slot_grad = "autograd"
         rollout(net, 5, p, B, snr_db=snr)  # a queue to start from
         k = rollout(net, s.T, p, B, snr_db=snr, warmup=warmup)
         total = k["offered"].sum() + k["delivery_ratio"] + _quick_start_loss(k)

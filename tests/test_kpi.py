@@ -151,7 +151,7 @@ def test_throughput_gradient_of_the_hand_written_backward_equals_autograd(mode):
     def grads(slots):
         p, B = x["p"].clone().requires_grad_(), x["B"].clone().requires_grad_()
         net = DiffFluid(2, 3, mode=mode, tau=0.1, dtype=torch.float64)
-        net.slots = slots
+        net.slot_grad = slots
         res = rollout(net, 6, p, B, snr_db=x["snr_db"])
         return torch.autograd.grad(res["mean_throughput_bytes_per_s"], (p, B))
 

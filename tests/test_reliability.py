@@ -74,7 +74,7 @@ def test_issue_reproducers_give_the_saturated_kpis():
         for slots in ("recompute", "autograd"):
             snr = torch.tensor([[90.0]], requires_grad=True)
             net = DiffFluid(1, 1, mode="QA")
-            net.slots = slots
+            net.slot_grad = slots
             out = rollout(net, 3, 0.0, 12000.0, snr_db=snr, step_by_step=step_by_step)
             out["mean_aoi"].backward()
             assert out["mean_aoi"].item() == 2.0  # no send: the AoI of a fresh cell grows 1, 2, 3
@@ -129,7 +129,7 @@ def test_fused_and_autograd_qad_agree_at_high_snr():
     for slots in ("recompute", "autograd"):
         snr = snr0.clone().requires_grad_()
         net = DiffFluid(E, R, mode="QA", dtype=F64)
-        net.slots = slots
+        net.slot_grad = slots
         out = rollout(net, 8, 0.4, 9000.0, snr_db=snr, sends="relaxed",
                       generator=torch.Generator().manual_seed(3))
         sum(out[k] for k in KPIS).backward()

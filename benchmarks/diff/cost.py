@@ -66,7 +66,7 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None)
         # torch.compile caches per process, so only the first pass compiles.
         net = DiffFluid(E, R, device, mode=mode, tau=tau, dtype=dtype, compile=compile_)
         if slots is not None:  # "autograd": the plain per-slot design, the baseline
-            net.slots = slots
+            net.slot_grad = slots
         leaf = {k: x[k].clone().requires_grad_(True) for k in ("p", "B", "tx", "pos")}
         _sync(device)
         t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def relaxed(mode, E, R, T, tau, compile_, dtype, device, x, repeats, slots=None)
         _sync(device)
         fwd.append(t1 - t0)
         bwd.append(time.perf_counter() - t1)
-    out = {"slots": net.slots if mode == "L1" else None}
+    out = {"slots": net.slot_grad if mode == "L1" else None}
     if compile_:  # the first pass pays for compilation; report it apart
         out["first_forward_s"], out["first_backward_s"] = fwd.pop(0), bwd.pop(0)
         out["import_s"] = import_s

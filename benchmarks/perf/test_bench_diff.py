@@ -67,10 +67,10 @@ def test_l1d_e16(benchmark, variant):
     net = DiffFluid(16, R, DEVICE, mode="L1", tau=0.05, compile=variant == "compiled",
                     checkpoint=variant == "eager-checkpoint" or None)
     if variant == "per-slot-autograd":
-        net.slots = "autograd"
+        net.slot_grad = "autograd"
     _fwd_bwd(net, 60, *args)  # warm-up (compilation)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
-    _info(benchmark, slots=net.slots, target_s={"compiled": 0.1, "eager": 1.0}.get(variant))
+    _info(benchmark, slots=net.slot_grad, target_s={"compiled": 0.1, "eager": 1.0}.get(variant))
 
 
 @pytest.mark.benchmark(group="L1D E=64 T=60 fwd+bwd")
@@ -80,7 +80,7 @@ def test_l1d_e64(benchmark, compiled):
     net = DiffFluid(64, R, DEVICE, mode="L1", tau=0.05, compile=compiled)
     _fwd_bwd(net, 60, *args)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
-    _info(benchmark, slots=net.slots, target_s=0.3 if compiled else None)
+    _info(benchmark, slots=net.slot_grad, target_s=0.3 if compiled else None)
 
 
 @pytest.mark.benchmark(group="QAD E=64 T=60 fwd+bwd")
@@ -90,7 +90,7 @@ def test_qad_e64(benchmark, variant):
     args = _problem(64)
     net = DiffFluid(64, R, DEVICE, mode="QA", tau=0.05, compile=variant == "compiled")
     if variant == "autograd":
-        net.slots = "autograd"
+        net.slot_grad = "autograd"
     _fwd_bwd(net, 60, *args)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
     _info(benchmark, target_s=0.05 if variant == "eager" else None)
@@ -123,6 +123,6 @@ def test_l1d_e1024_memory(benchmark):
     net = DiffFluid(1024, R, DEVICE, mode="L1", tau=0.05)  # eager; the default checkpoints the slot loop here
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     benchmark.pedantic(_fwd_bwd, args=(net, 200, *args), rounds=1, iterations=1, warmup_rounds=1)
-    _info(benchmark, target_peak_gb=8.0, slots=net.slots,
+    _info(benchmark, target_peak_gb=8.0, slots=net.slot_grad,
           peak_cuda_mb=torch.cuda.max_memory_allocated() / 2**20 if DEVICE != "cpu" else None,
           peak_rss_growth_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024)

@@ -57,7 +57,7 @@ def _cumprod(y: torch.Tensor) -> torch.Tensor:
 
 def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gate=None):
     """One UL slot of L1D: the reference recursion. At ``tau = 0`` the hard operations; at
-    ``tau > 0`` differentiated by autograd (the plain per-slot design, ``slots="autograd"``).
+    ``tau > 0`` differentiated by autograd (the plain per-slot design, ``slot_grad="autograd"``).
 
     ``DiffFluid`` runs the K slots at ``tau > 0`` without a latency floor through
     ``_l1_loop.L1SlotLoop`` (one node with a hand-written backward); the tests check that node
@@ -80,7 +80,7 @@ def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gat
     return served + share * se * kappa, tx_frac + busy * relax.smin(share, 1.0, tau)
 
 
-def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slots: str = "recompute"):
+def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot_grad: str = "recompute"):
     """L1D: K UL slots with equal subband shares among backlogged robots.
 
     Latency floor (``cfg.l1_sr_slots = L > 0``): with ``g = smin(mass_before, 1)`` the probability
@@ -95,7 +95,7 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
 
     :input mass_before: ``[E, R]`` the queue's mass before this step's capture.
     :input headroom: unused (L1D has no headroom rule); the service rules share one signature.
-    :param slots: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
+    :param slot_grad: how the slot loop is differentiated (``tau > 0``): ``"recompute"`` and
         ``"tape"``, the ``L1SlotLoop`` node recomputing or keeping the per-slot values (with a
         floor, one node for the first ``L`` slots, gated, and one for the rest, from the
         expected bytes offered; :func:`_l1_slot_loops`); ``"autograd"``, autograd through every
@@ -119,14 +119,14 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
 
         def completion(s):
             return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
-    if not relax.is_hard(tau) and slots != "autograd":
+    if not relax.is_hard(tau) and slot_grad != "autograd":
         return _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg, tau, consts,
-                              slots)
+                              slot_grad)
     return _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau, consts)
 
 
 def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
-                   consts: tuple, slots: str):
+                   consts: tuple, slot_grad: str):
     """``_service_l1`` at ``tau > 0`` through ``_l1_loop``'s slot-loop nodes (without a floor one
     loop of K slots; with one, the not-empty case's first ``L`` slots and then the rest).
 
@@ -138,7 +138,7 @@ def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg
     # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
     # is queued, 1 where none is) enters the loops as a constant.
     loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
-                             keep_tape=slots == "tape")
+                             keep_tape=slot_grad == "tape")
     if L == 0:
         served, tx_frac, c_sum = loop(c0.detach(), K)
     else:  # the recursion's two phases, each one slot loop
@@ -205,11 +205,12 @@ def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
     return relax.smax(relax.soft_floor(snr_lin / req_lin, cfg.num_subbands, tau_n), 1.0, tau)
 
 
-def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: float, slots: str = "recompute"):
+def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: float,
+                slot_grad: str = "recompute"):
     """QAD: one processor-sharing interval per step with PF gain, headroom cap ``headroom`` (``[E, R]``
     subbands, >= 1) and SR offset.
 
-    :param slots: unused (QAD has no slot loop); the service rules share one signature.
+    :param slot_grad: unused (QAD has no slot loop); the service rules share one signature.
     :output: as ``_service_l1``.
     """
     cum = _fifo_cum(x)
@@ -276,14 +277,14 @@ class StepInputs(typing.NamedTuple):
 
 
 def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, mode: str, tau: float,
-               tau_n: float, compiled: bool = False, slots: str = "recompute"):
+               tau_n: float, compiled: bool = False, slot_grad: str = "recompute"):
     """One control step of L1D or QAD as a pure function of the state.
 
     :input send: ``[E, R]`` send weight in [0, 1]; :input inputs: the step's other inputs,
         at the temperatures ``(tau, tau_n)``.
     :param compiled: run the step through ``torch.compile`` (both temperatures must be > 0;
         at 0 the hard operations run eager).
-    :param slots: how L1D's slot loop is differentiated (see ``_service_l1``); ``"autograd"``
+    :param slot_grad: how L1D's slot loop is differentiated (see ``_service_l1``); ``"autograd"``
         also runs QAD through autograd of ``_step`` instead of the fused ``_qa_step`` node
         (eager, ``tau > 0`` and ``tau_n > 0``).
     :output: ``(next_state, kpis)``, kpis ``[E, R]`` as expectations.
@@ -292,12 +293,12 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if _runs_fused(mode, compiled, tau, tau_n, slots, state.x.device):
+    if _runs_fused(mode, compiled, tau, tau_n, slot_grad, state.x.device):
         out = MODES[mode].fused_step(*tensors, tau, tau_n, cfg, compiled=compiled)
     elif compiled and tau > 0 and tau_n > 0:
-        out = _run_compiled(mode, slots, tensors, tau, tau_n, cfg)
+        out = _run_compiled(mode, slot_grad, tensors, tau, tau_n, cfg)
     else:
-        out = _step(*tensors, tau, tau_n, cfg, mode, slots)
+        out = _step(*tensors, tau, tau_n, cfg, mode, slot_grad)
     # offered and aoi are inputs / outputs already: a compiled graph that returns an alias of
     # its input or one tensor twice pays for it at every call.
     kpis = dict(offered=send, delivered=out.delivered, delay_sum=out.delay_sum, timeouts=out.timeouts,
@@ -306,28 +307,28 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
     return FluidState(out.x, out.w, out.aoi), kpis
 
 
-def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slots: str,
+def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slot_grad: str,
                 device: torch.device) -> bool:
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
-    soft only: not at tau = 0 (the hard operations), not ``slots="autograd"`` (autograd through
+    soft only: not at tau = 0 (the hard operations), not ``slot_grad="autograd"`` (autograd through
     ``_step``), and not compiled unless on the CPU (where the node's forward runs as a compiled kernel)."""
-    return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slots != "autograd"
+    return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slot_grad != "autograd"
             and (not compiled or device.type == "cpu"))
 
 
 _COMPILED_STEPS: dict = {}
 
 
-def _compiled_step(mode: str, slots: str) -> Precompiled:
-    """``_step`` compiled whole: one function per (mode, slots), dtype, device, grad mode and
+def _compiled_step(mode: str, slot_grad: str) -> Precompiled:
+    """``_step`` compiled whole: one function per (mode, slot_grad), dtype, device, grad mode and
     ``CellConfig`` serves every batch size (the batch dimension is symbolic, R and A static),
     forward and backward each fused by inductor; the temperatures are tensor inputs. L1D's slot
     loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``). Kept on disk and
     loaded by a later process without tracing (:class:`~isaac_net.core._kernels.Precompiled`)."""
-    key = (mode, slots)
+    key = (mode, slot_grad)
     if key not in _COMPILED_STEPS:
-        before = MODES[mode].before_compile if slots != "autograd" else None
-        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slots), tag=key, dim=0, before_compile=before)
+        before = MODES[mode].before_compile if slot_grad != "autograd" else None
+        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slot_grad), tag=key, dim=0, before_compile=before)
     return _COMPILED_STEPS[key]
 
 
@@ -337,16 +338,17 @@ def _slot_kernels_in_background(args: tuple) -> None:
     _l1_loop.slot_kernels_in_background(x, cfg.l1_sr_slots, cfg.num_slots, torch.is_grad_enabled())
 
 
-def _step_of(mode: str, slots: str):
+def _step_of(mode: str, slot_grad: str):
     """``_step`` of one mode and slot design as a function of the tensors, the temperatures and the
     config (a function, not a ``functools.partial``: ``aot_compile`` keeps its code)."""
     def step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig):
-        return _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg, mode, slots)
+        return _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg, mode,
+                     slot_grad)
 
     return step
 
 
-def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: float,
+def _run_compiled(mode: str, slot_grad: str, tensors: StepArgs, tau: float, tau_n: float,
                   cfg: CellConfig) -> StepOut:
     """The compiled step on ``tensors``, traced for at most two patterns of inputs: all of them
     requiring grad (the first step's zero state and a constant input become leaves whose
@@ -358,7 +360,7 @@ def _run_compiled(mode: str, slots: str, tensors: StepArgs, tau: float, tau_n: f
         tensors = StepArgs._make(t if t is None or t.requires_grad else t.detach().requires_grad_()
                                  for t in tensors)
     with torch.set_grad_enabled(training):
-        return _compiled_step(mode, slots)(*tensors, *temps, cfg)
+        return _compiled_step(mode, slot_grad)(*tensors, *temps, cfg)
 
 
 @functools.lru_cache(maxsize=64)
@@ -368,7 +370,7 @@ def _temperatures(tau: float, tau_n: float, dtype: torch.dtype, device: torch.de
 
 
 def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n, cfg: CellConfig, mode: str,
-          slots: str = "recompute") -> StepOut:
+          slot_grad: str = "recompute") -> StepOut:
     """The step on plain tensors (:class:`~._outputs.StepArgs`' fields): the next state and the KPIs."""
     A = x.shape[-1]
 
@@ -381,7 +383,8 @@ def _step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, headroom, tau, tau_n,
     overflow = send - w0  # send (1 - admit)
 
     # 2. Service.
-    c, fin, served, tx_s, rest = MODES[mode].service(x, w, mass_before, snr_lin, headroom, cfg, tau, slots)
+    service = MODES[mode].service
+    c, fin, served, tx_s, rest = service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
     ages = torch.arange(A, dtype=x.dtype, device=x.device)
     done = w * c  # delivered mass per age slot
     delivered = done.sum(-1)
@@ -412,7 +415,7 @@ class Mode:
     """What differs between L1D and QAD: every dispatch on ``mode`` reads :data:`MODES`.
 
     :field label: the model's name in messages (``"L1D"``, ``"QAD"``).
-    :field service: the service rule, ``(x, w, mass_before, snr_lin, headroom, cfg, tau, slots)
+    :field service: the service rule, ``(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
         -> (c, fin, served, tx_s, rest)`` (shapes at :func:`_service_l1`).
     :field sr_field: the ``CellConfig`` field of the latency floor, slots.
     :field headroom: the derived input of the service rule, ``(snr_lin, cfg, tau, tau_n)`` ->
@@ -503,7 +506,7 @@ class DiffFluid:
             checkpoint = self.compile or tape_bytes > 4 * 2**20
         # "recompute" / "tape": the slot loop's custom backward; "autograd" (set by the
         # benchmarks): autograd through every slot, the plain per-slot design.
-        self.slots = "recompute" if checkpoint else "tape"
+        self.slot_grad = "recompute" if checkpoint else "tape"
         A = self.cfg.timeout_steps
         z = torch.zeros(E, R, A, dtype=dtype, device=self.device)
         self.state = FluidState(z, z.clone(), torch.zeros(E, R, dtype=dtype, device=self.device))
@@ -597,7 +600,7 @@ class DiffFluid:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD at tau > 0, eager,
         and on the CPU with ``compile=True`` too, where the node's forward runs as a compiled kernel
         (``_qa_step.FORWARD_KERNELS``, as a step loop's) and its hand-written backward stays eager."""
-        return _runs_fused(self.mode, self.compile, self.tau, self.tau_n, self.slots, self.device)
+        return _runs_fused(self.mode, self.compile, self.tau, self.tau_n, self.slot_grad, self.device)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).
@@ -629,5 +632,5 @@ class DiffFluid:
         inputs = inputs.at(self.tau, self.tau_n, cfg=self.cfg, mode=self.mode)
         self.state, kpis = fluid_step(self.state, send, inputs, cfg=self.cfg,
                                       mode=self.mode, tau=self.tau, tau_n=self.tau_n, compiled=self.compile,
-                                      slots=self.slots)
+                                      slot_grad=self.slot_grad)
         return kpis
