@@ -224,13 +224,14 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
     goes to the first robot at its best metric among those still needing subbands; a robot keeps
     the first offered in its own order up to its need; a declined subband reopens.
 
-    ``needy[:n_needy]``: the robots with a need, in order; the others' metric rows are ``-inf`` and
-    stay so, so they are never offered a subband and the loops pass them by (robot 0's metric is
-    each subband's first candidate whatever its need, as in a scan over every robot)."""
+    ``needy[:n_needy]``: the robots with a need, in order; the others are never offered a subband
+    (their metric is ``-inf``) and the loops pass them by: only the needy robots' rows of ``metric``
+    and ``alloc`` are read or written, and robot 0's metric row (``-inf`` if it needs nothing), each
+    subband's first candidate as in a scan over every robot."""
     R, S = metric.shape
-    for r in range(R):
+    for q in range(n_needy):  # (the others' rows are neither read nor written)
         for j in range(S):
-            alloc[r, j] = False
+            alloc[needy[q], j] = False
     q0 = 1 if n_needy > 0 and needy[0] == 0 else 0  # robot 0 is the scan's start
     for i in range(rounds):
         for q in range(n_needy):
@@ -312,15 +313,23 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
         for j in range(S):
             is_open[j] = True
         for r in range(R):
-            floor_avg = max(avg_thr[e, r], consts[6])
-            for j in range(S):  # -inf: a robot that needs nothing takes no part
-                metric[r, j] = est_se[r, j] / floor_avg if need_left[r] > 0 else -np.inf
+            for j in range(S):
                 if hq_sb[then, e, r, j]:
                     is_open[j] = False
+        if needy[0] != 0:  # -inf: a robot that needs nothing takes no part (robot 0's row is read)
+            for j in range(S):
+                metric[0, j] = -np.inf
+        for q in range(n_needy):  # (the PF reads no other row)
+            r = needy[q]
+            floor_avg = max(avg_thr[e, r], consts[6])
+            for j in range(S):
+                metric[r, j] = est_se[r, j] / floor_avg
         _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to, needy, n_needy)
+    q = 0  # the next needy robot (the others are allocated nothing)
     for r in range(R):
         n_alloc = 0
-        if n_needy > 0:
+        if q < n_needy and needy[q] == r:
+            q += 1
             for j in range(S):
                 n_alloc += alloc[r, j]
                 gr_sb[g, e, r, j] = alloc[r, j]
@@ -467,7 +476,18 @@ def _ring_entries(l2, t: int, K: int) -> np.ndarray:
 
 def estimate(level, x_est: torch.Tensor) -> tuple:
     """The part of the level's :class:`~.l2_legacy.Estimate` the kernel reads: ``(x, se, order, cap,
-    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does."""
+    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does. The last one is kept: a step's
+    first slots use the previous step's last fading block, the same numbers when the SNR is the same
+    (a function of ``x_est``'s values only, so reused when they are equal)."""
+    last = getattr(level, "_last_estimate", None)
+    if last is not None and last[0].shape == x_est.shape and torch.equal(last[0], x_est):
+        return last
+    level._last_estimate = _estimate(level, x_est)
+    return level._last_estimate
+
+
+def _estimate(level, x_est: torch.Tensor) -> tuple:
+    """:func:`estimate`'s numbers, computed."""
     se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
     order = torch.argsort(se_est, dim=-1, descending=True)
     cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
