@@ -232,6 +232,14 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
     for q in range(n_needy):  # (the others' rows are neither read nor written)
         for j in range(S):
             alloc[needy[q], j] = False
+    if n_needy == 1:  # one robot: it keeps the first open subbands in its order up to its need, at once
+        r, kept = needy[0], 0  # (what the rounds give it: a second round finds its need met or nothing open)
+        for pos in range(S):
+            j = order[r, pos]
+            if kept < need_left[r] and is_open[j] and metric[r, j] > -np.inf:
+                alloc[r, j] = True
+                kept += 1
+        return
     q0 = 1 if n_needy > 0 and needy[0] == 0 else 0  # robot 0 is the scan's start
     for i in range(rounds):
         for q in range(n_needy):
