@@ -160,6 +160,32 @@ def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, avg_thr, sr_occasion, counts):
+    """Robot ``r`` of env ``e`` in slot ``k`` with no retransmission due and no grant (``gr_tbs == 0``):
+    what :func:`_send` and the kernel's robot loop do then, without their loops over the messages
+    (the TB takes 0 bytes: ``tb_bytes`` is +0, the buffer unchanged, no BSR; ``outstanding - 0`` is
+    ``outstanding``). Its HARQ process is emptied; the PF average decays; an SR at its occasion."""
+    hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
+    zero = consts[0] - consts[0]
+    hq_active[p, e, r] = False
+    for a in range(hq_content.shape[3]):
+        hq_content[p, e, r, a] = zero
+    for j in range(hq_sb.shape[3]):
+        hq_sb[p, e, r, j] = False
+    hq_mcs[p, e, r] = grants[1][g, e, r]
+    hq_acc[p, e, r] = zero
+    hq_ntx[p, e, r] = 0
+    avg_thr[e, r] = _fma(consts[4], zero - avg_thr[e, r], avg_thr[e, r])  # ATen's lerp
+    if sr_occasion[ix[k, 5], r] and known[e, r] <= zero and outstanding[e, r] <= zero:
+        cum = zero  # the bytes left, summed in _send's order
+        for a in range(unsched.shape[2]):
+            cum += unsched[e, r, a]
+        if cum - zero > zero:
+            known[e, r] = consts[5]
+            counts[6, e, r] += 1
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, first):
     """A TB's feedback for its messages (the eager :func:`~.l2_legacy.deliver` and
     :func:`~.l2_legacy.rlc_failure`): ACK, its bytes leave the queue and a message is done with its
@@ -191,31 +217,47 @@ def _acked_or_failed(e, r, k, s, ix, ints, zero, msgs, content, nack, fail, firs
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offered_to):
+def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offered_to, needy, n_needy):
     """:func:`~.l2_mechanisms.pf_allocate_envs_last` for one env: ``metric`` ``[R, S]``, ``need_left``
     ``[R]`` (clamped to ``[0, S]``, counted down), ``is_open`` ``[S]`` (updated), ``order`` ``[R, S]``
     each robot's subbands best first; ``alloc`` ``[R, S]`` bool out. Each round every open subband
     goes to the first robot at its best metric among those still needing subbands; a robot keeps
-    the first offered in its own order up to its need; a declined subband reopens."""
+    the first offered in its own order up to its need; a declined subband reopens.
+
+    ``needy[:n_needy]``: the robots with a need, in order; the others are never offered a subband
+    (their metric is ``-inf``) and the loops pass them by: only the needy robots' rows of ``metric``
+    and ``alloc`` are read or written, and robot 0's metric row (``-inf`` if it needs nothing), each
+    subband's first candidate as in a scan over every robot."""
     R, S = metric.shape
-    for r in range(R):
+    for q in range(n_needy):  # (the others' rows are neither read nor written)
         for j in range(S):
-            alloc[r, j] = False
+            alloc[needy[q], j] = False
+    if n_needy == 1:  # one robot: it keeps the first open subbands in its order up to its need, at once
+        r, kept = needy[0], 0  # (what the rounds give it: a second round finds its need met or nothing open)
+        for pos in range(S):
+            j = order[r, pos]
+            if kept < need_left[r] and is_open[j] and metric[r, j] > -np.inf:
+                alloc[r, j] = True
+                kept += 1
+        return
+    q0 = 1 if n_needy > 0 and needy[0] == 0 else 0  # robot 0 is the scan's start
     for i in range(rounds):
-        for r in range(R):
-            kept_n[r] = 0  # first the offers per robot
+        for q in range(n_needy):
+            kept_n[needy[q]] = 0  # first the offers per robot
         for j in range(S):
             offered_to[j] = -1
             if is_open[j]:
                 best, who = metric[0, j], 0
-                for r in range(1, R):  # (selects, not branches: the comparisons are unpredictable)
+                for q in range(q0, n_needy):  # (selects, not branches: the comparisons are unpredictable)
+                    r = needy[q]
                     better = metric[r, j] > best
                     best = metric[r, j] if better else best
                     who = r if better else who
                 if best > -np.inf:
                     offered_to[j] = who
                     kept_n[who] += 1
-        for r in range(R):
+        for q in range(n_needy):
+            r = needy[q]
             if kept_n[r] <= need_left[r]:  # it keeps every offer
                 continue
             kept_n[r] = 0
@@ -229,7 +271,8 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
         for j in range(S):
             if offered_to[j] >= 0:
                 alloc[offered_to[j], j] = True
-        for r in range(R):
+        for q in range(n_needy):
+            r = needy[q]
             if kept_n[r] >= need_left[r]:  # its need is met: it takes no part in the next round
                 for j in range(S):
                     metric[r, j] = -np.inf
@@ -240,7 +283,8 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
                 any_open |= is_open[j]
             if not any_open:  # nothing changes any more
                 break
-            for r in range(R):
+            for q in range(n_needy):
+                r = needy[q]
                 need_left[r] -= kept_n[r]
 
 
@@ -252,15 +296,15 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
     less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
     ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays."""
     metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch[:7]
+    # last_db, last_mcs: each robot's estimate in dB and MCS when last granted nothing (emptied per env)
+    needy, last_db, last_mcs = scratch[10], scratch[11], scratch[12]
     est_x, est_se, est_order, est_cap, est_max_sb = est
     hq_active, hq_sb = harq[0], harq[2]
     gr_sb, gr_mcs, gr_tbs = grants
     R, S = metric.shape
     then, g = ix[k, 2], ix[k, 1]
     zero = consts[0] - consts[0]
-    for j in range(S):
-        is_open[j] = True
-    total_need = 0
+    n_needy = 0
     for r in range(R):
         known_t = zero if hq_active[then, e, r] else known[e, r]
         need = 0
@@ -270,41 +314,64 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
                 short += est_cap[r, n] < known_t
             need = min(short + 1, est_max_sb[r])
         need_left[r] = min(need, S)
-        total_need += need_left[r]
-        floor_avg = max(avg_thr[e, r], consts[6])
-        for j in range(S):  # -inf: a robot that needs nothing takes no part
-            metric[r, j] = est_se[r, j] / floor_avg if need > 0 else -np.inf
-            if hq_sb[then, e, r, j]:
-                is_open[j] = False
-    if total_need > 0:
-        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to)
-    else:
+        if need > 0:
+            needy[n_needy] = r
+            n_needy += 1
+    if n_needy > 0:  # (nobody needs anything: no subband to allocate)
+        for j in range(S):
+            is_open[j] = True
         for r in range(R):
             for j in range(S):
-                alloc[r, j] = False
+                if hq_sb[then, e, r, j]:
+                    is_open[j] = False
+        if needy[0] != 0:  # -inf: a robot that needs nothing takes no part (robot 0's row is read)
+            for j in range(S):
+                metric[0, j] = -np.inf
+        for q in range(n_needy):  # (the PF reads no other row)
+            r = needy[q]
+            floor_avg = max(avg_thr[e, r], consts[6])
+            for j in range(S):
+                metric[r, j] = est_se[r, j] / floor_avg
+        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to, needy, n_needy)
+    q = 0  # the next needy robot (the others are allocated nothing)
     for r in range(R):
         n_alloc = 0
-        for j in range(S):
-            n_alloc += alloc[r, j]
-            gr_sb[g, e, r, j] = alloc[r, j]
+        if q < n_needy and needy[q] == r:
+            q += 1
+            for j in range(S):
+                n_alloc += alloc[r, j]
+                gr_sb[g, e, r, j] = alloc[r, j]
+        else:
+            for j in range(S):
+                gr_sb[g, e, r, j] = False
         x_db = floor_db - olla_db[e, r]
         if n_alloc > 0:
             eff = _effective_sinr(est_x[r], alloc[r], nf[n_alloc], terms, ints[10], nf[1])
             x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
-        # The highest MCS whose bound is at most the estimate (MCS 0 if none): the bounds are sorted.
-        lo, hi = 0, sel_db.shape[0]
-        while lo < hi:  # lo: how many bounds are <= x_db
-            mid = (lo + hi) // 2
-            if sel_db[mid] <= x_db:
-                lo = mid + 1
-            else:
-                hi = mid
-        mcs = max(lo - 1, 0)
+            mcs = _mcs(sel_db, x_db)
+        elif x_db == last_db[r]:  # nothing allocated: the robot's MCS of the last time, if the same estimate
+            mcs = last_mcs[r]
+        else:
+            mcs = _mcs(sel_db, x_db)
+            last_db[r], last_mcs[r] = x_db, mcs
         tbs = np.floor(nf[n_alloc] * tbs_per_sb[mcs])
         gr_mcs[g, e, r] = mcs
         gr_tbs[g, e, r] = tbs
         known[e, r] = max(known[e, r] - tbs, zero)
         outstanding[e, r] += tbs
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _mcs(sel_db, x_db):
+    """The highest MCS whose bound is at most ``x_db`` (MCS 0 if none): the bounds are sorted."""
+    lo, hi = 0, sel_db.shape[0]
+    while lo < hi:  # lo: how many bounds are <= x_db
+        mid = (lo + hi) // 2
+        if sel_db[mid] <= x_db:
+            lo = mid + 1
+        else:
+            hi = mid
+    return max(lo - 1, 0)
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
@@ -316,7 +383,8 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
     :class:`~.l2_legacy.L2State`; ``rx`` ``[blocks, E, R, S]`` the channel per fading block,
     ``rx_of_slot`` ``[K]`` its block per slot; ``est_*`` ``[blocks, E, R(, S)]`` and ``est_of_slot``
     likewise for the estimate; ``nack_below`` ``[K, E, R]``; ``counts`` ``[len(COUNTS), E, R]`` int64;
-    ``ix`` ``[K, 6]`` each slot's ring entries, :func:`_ring_entries`)."""
+    ``ix`` ``[K, 6]`` each slot's ring entries, :func:`_ring_entries`). A robot with nothing to send
+    on (no retransmission due, no grant) takes :func:`_idle`, the same writes without the loops."""
     E, R, A = unsched.shape
     t, K, D = ints[0], ints[1], ints[4]
     zero = consts[0] - consts[0]
@@ -326,7 +394,10 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
     grants = (gr_sb, gr_mcs, gr_tbs)
     content, is_sb, terms = scratch[7], scratch[8], scratch[6]
     floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
+    last_db = scratch[11]
     for e in range(E):  # the envs are independent: one at a time, all its slots
+        for r in range(R):
+            last_db[r] = np.nan  # (equal to no estimate)
         for d in range(D):
             held_any[d] = False
             for r in range(R):
@@ -342,7 +413,12 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                     held[d, e, r, a] = zero
             held_any[d] = False
             b, c = rx_of_slot[k], est_of_slot[k]
+            p, g = ix[k, 0], ix[k, 1]
             for r in range(R):
+                if not hq_active[p, e, r] and gr_tbs[g, e, r] == zero:
+                    _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, avg_thr,
+                          sr_occasion, counts)
+                    continue
                 is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq,
                                                          grants, rx[b], nack_below, counts, content, is_sb,
                                                          terms)
@@ -408,7 +484,18 @@ def _ring_entries(l2, t: int, K: int) -> np.ndarray:
 
 def estimate(level, x_est: torch.Tensor) -> tuple:
     """The part of the level's :class:`~.l2_legacy.Estimate` the kernel reads: ``(x, se, order, cap,
-    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does."""
+    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does. The last one is kept: a step's
+    first slots use the previous step's last fading block, the same numbers when the SNR is the same
+    (a function of ``x_est``'s values only, so reused when they are equal)."""
+    last = getattr(level, "_last_estimate", None)
+    if last is not None and last[0].shape == x_est.shape and torch.equal(last[0], x_est):
+        return last
+    level._last_estimate = _estimate(level, x_est)
+    return level._last_estimate
+
+
+def _estimate(level, x_est: torch.Tensor) -> tuple:
+    """:func:`estimate`'s numbers, computed."""
     se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
     order = torch.argsort(se_est, dim=-1, descending=True)
     cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
@@ -452,7 +539,8 @@ def serve(level, q, ctx):
     scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
                np.empty(A, dt), np.empty(S, np.bool_),
-               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_))
+               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64), np.empty(R, dt),
+               np.empty(R, np.int64))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
