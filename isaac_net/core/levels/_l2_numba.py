@@ -332,7 +332,8 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
             floor_avg = max(avg_thr[e, r], consts[6])
             for j in range(S):
                 metric[r, j] = est_se[r, j] / floor_avg
-        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to, needy, n_needy)
+        _pf_allocate(metric, need_left, is_open, est_order, ints[9], alloc, kept_n, offered_to, needy,
+                     n_needy)
     q = 0  # the next needy robot (the others are allocated nothing)
     for r in range(R):
         n_alloc = 0
@@ -539,8 +540,8 @@ def serve(level, q, ctx):
     scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
                np.empty(A, dt), np.empty(S, np.bool_),
-               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64), np.empty(R, dt),
-               np.empty(R, np.int64))
+               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64),
+               np.empty(R, dt), np.empty(R, np.int64))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
