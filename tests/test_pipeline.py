@@ -29,6 +29,8 @@ import check_numbers  # noqa: E402
 import render  # noqa: E402
 import stage_registry  # noqa: E402
 
+from isaac_net.core.kpi import BY_BATCH_KEY  # noqa: E402
+
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PROFILES = {"full": "config/config.yaml", "smoke": "config/smoke.yaml", "ci": "config/ci.yaml"}
 STAGE_JOBS = {stage["rule"] for stage in stage_registry.load().values()}  # the rules the stages generate
@@ -103,8 +105,8 @@ def fixture_artifacts() -> dict[str, dict]:
         "table": [{"mode": c["mode"], "load": c["load"]} for c in curves], "curves": curves,
         "figure": "convergence_curves.png", "provenance": _prov("convergence_curves", curves_cfg)}
 
-    gc_rows = [{"mode": m, "kpi": k, "input": i, "pass": True, "max_abs_gap": None, "max_grad": 1.0,
-                "nonzero": True}
+    gc_rows = [{"mode": m, "kpi": k, "label": BY_BATCH_KEY[k].label, "input": i, "pass": True,
+                "max_abs_gap": None, "max_grad": 1.0, "kpi_scale": 1.0, "nonzero": True}
                for m in ("L1", "QA") for k in ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j")
                for i in ("p", "B", "tx", "pos")]
     gc_cfg = {"seed": 7, "tau": 0.05, "modes": ["L1", "QA"], "small": {

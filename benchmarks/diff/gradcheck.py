@@ -14,7 +14,7 @@ Inputs are in natural units: p, message size in kB, tx in dBm, positions in m.
 """
 
 import torch
-from _common import KPIS, cell_config, draw_inputs, generator, loglog_slope, parts, run
+from _common import KPI_LABEL, KPIS, cell_config, draw_inputs, generator, loglog_slope, parts, run
 from tqdm import tqdm
 
 INPUTS = ("p", "B", "tx", "pos")
@@ -62,9 +62,17 @@ def small(stage, params: dict, out: dict) -> None:
     deadline = torch.full((c["E"], c["R"]), float(c["deadline"]), dtype=torch.float64)
     jobs = [(m, k, i) for m in params["modes"] for k in KPIS for i in INPUTS]
     rows = []
+    scale = {}
     for mode, kpi, name in tqdm(jobs, desc="gradcheck", mininterval=2.0):
+        # Checked in units of the KPI's size at the base point where it exceeds one (throughput, in
+        # B/s, is ~1e4): gradcheck's atol is absolute, and a central difference of a value v rounds
+        # to about v * 1e-16 / eps. KPIs of size one or less are checked as they are.
+        if (mode, kpi) not in scale:
+            with torch.no_grad():
+                scale[mode, kpi] = max(1.0, float(kpis(mode, tau, cfg, c["T"], x0, deadline)[kpi].abs()))
+
         def f(xi, mode=mode, kpi=kpi, name=name):
-            return kpis(mode, tau, cfg, c["T"], {**x0, name: xi}, deadline)[kpi]
+            return kpis(mode, tau, cfg, c["T"], {**x0, name: xi}, deadline)[kpi] / scale[mode, kpi]
 
         xi = x0[name].clone().requires_grad_(True)
         ok = torch.autograd.gradcheck(f, (xi,), eps=c["eps"], atol=c["atol"], rtol=c["rtol"],
@@ -79,8 +87,10 @@ def small(stage, params: dict, out: dict) -> None:
                     d[j] = c["eps"]
                     numeric[j] = (f(x0[name] + d.view_as(xi)) - f(x0[name] - d.view_as(xi))) / (2 * c["eps"])
             gap = float((analytic - numeric.view_as(analytic)).abs().max())
-        rows.append({"mode": mode, "kpi": kpi, "input": name, "pass": bool(ok), "max_abs_gap": gap,
-                     "max_grad": float(analytic.abs().max()), "nonzero": bool((analytic != 0).any())})
+        rows.append({"mode": mode, "kpi": kpi, "label": KPI_LABEL[kpi], "input": name, "pass": bool(ok),
+                     "max_abs_gap": gap, "kpi_scale": scale[mode, kpi],
+                     "max_grad": float(analytic.abs().max()) * scale[mode, kpi],
+                     "nonzero": bool((analytic != 0).any())})
     summary = {
         "tau": tau,
         "all_pass": all(r["pass"] for r in rows),
