@@ -221,7 +221,7 @@ def sensitivity_artifact() -> dict:
                     ratio = 1.1 if cal else (-0.05 if wrong else 0.05)
                     verdict = ("fd_not_resolved" if not resolved else "sign_wrong" if wrong else "sign_ok")
                     label = f"d {sensitivity.KPI_LABEL[kpi]} / d {sensitivity.INPUT_LABEL[name]}"
-                    rows.append({"op": op["name"], "held_out": op.get("held_out", False), "kpi": kpi,
+                    rows.append({"op": op["name"], "held_out": op.get("held_out", False), "R": 8, "kpi": kpi,
                                  "fitted": kpi in sensitivity.FITTED_KPIS, "input": name, "derivative": label,
                                  "model": "L1D rb" + (" cal" if cal else ""), "mode": "L1", "sends": "rb",
                                  "calibrated": cal, "grad_mean": ratio * fd, "grad_std": 0.1, "fd_mean": fd,
@@ -242,7 +242,8 @@ def sensitivity_artifact() -> dict:
 
 def calibration_artifact() -> dict:
     """A calibration artifact (the calibration file with its summary and table) with distinctive numbers."""
-    cfg = {"seed": 7, "level": "L2-legacy", "R": 8, "area_m": [40.0, 140.0], "envs": 16, "model_envs": 4,
+    cfg = {"seed": 7, "level": "L2-legacy", "R": [8, 16], "ref_R": 8, "area_m": [40.0, 140.0], "envs": 16,
+           "model_robots": 32,
            "T": 60, "warmup": 10, "tau": 0.05, "lam": 0.1, "modes": ["L1"], "sends": ["relaxed"],
            "grid": {"p": [0.1, 0.8], "sizes_bytes": [6000, 30000], "tx_dbm": [23.0]},
            "heldout": {"p": [0.5], "sizes_bytes": [12000], "tx_dbm": [18.0]},
@@ -254,7 +255,8 @@ def calibration_artifact() -> dict:
                               "delivery_ratio": 1.0},
              "delivery_unit": 0.1, "slope_weight": 1.0, "slope_pairs": 148,
              "evaluations": 38}
-    row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "rate_factor": 0.508,
+    row = {"model": "L1D relaxed", "mode": "L1", "sends": "relaxed", "R": 8, "train_points": 4,
+           "heldout_points": 1, "model_envs": 4, "rate_factor": 0.508,
            "snr_offset_db": -2.63, "sr_field": "l1_sr_slots", "sr_slots": 16, "qa_snr_req_db": None,
            "tau": 0.2,
            "train_loss_uncalibrated": 18.1,
@@ -268,14 +270,22 @@ def calibration_artifact() -> dict:
                                             "snr_offset_db": -2.7,
                                             "train_loss": 0.25, "worst_error": 6.5e6, "kpi": "delivery_ratio",
                                             "point": [0.1, 6000.0, 23.0]}]}}
+    forms = {"loss_own": 0.257, "loss_ref_constants": 0.257, "loss_line": None, "loss_interpolated": None}
+    fleet = [{**row, **forms},
+             {**row, "R": 16, "train_points": 4, "model_envs": 2, "rate_factor": 0.397,
+              "snr_offset_db": -3.4, "tau": 0.3, "train_loss": 0.318, "heldout_loss": 0.29, "loss_own": 0.318,
+              "loss_ref_constants": 1.73, "loss_line": None, "loss_interpolated": None}]
     return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
             "summary": {"models": 1, "grid_points": 4, "heldout_points": 1, "envs_per_point": 16,
-                        "model_envs_per_point": 4, "R": 8, "T": 60, "warmup": 10, "tau": 0.05,
+                        "model_envs_per_point": 4, "model_robots": 32, "R": 8, "fleet_sizes": 2, "R_min": 8,
+                        "R_max": 16, "p_max": 0.95, "max_wall_fit_s": 96.5, "T": 60, "warmup": 10,
+                        "tau": 0.05,
                         "lam": 0.1,
                         "area_lo_m": 40.0, "area_hi_m": 140.0, "all_improve_sweep": True, "sweep_points": 4,
                         "worst_heldout_loss": 0.222, "all_improve_heldout": True,
                         "all_gradients_stable": True, "floors_rejected": 1},
-            "table": [row], "figure": "calibration.png", "provenance": _prov("calibration", cfg)}
+            "table": [row], "fleet": fleet, "figure": "calibration.png",
+            "provenance": _prov("calibration", cfg)}
 
 
 def optimisation_artifact(name: str) -> dict:
@@ -458,15 +468,19 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert ("× 2 latency floors × 2 temperatures (tau = 0.05 and 0.2), for QAD × 2 headroom requirements "
             "(15 and 5 dB), each choice of floor, temperature and requirement one batched rollout; "
             "then") in cal
-    assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.tau, '
+    assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.at(R).tau, '
             'cfg=cal.apply(CellConfig(), R=R))`') in cal
+    assert ("| L1D relaxed | 16 | 4 | 0.397 | -3.4 | 16 | – | 0.3 | 18.1 | 0.318 | 1.73 | – | – | 24.6 | "
+            "0.29 |") in cal
+    assert ("At R = 16 the constants of R = 8 give training losses of 1.73–1.73 against 0.318–0.318 of the "
+            "size's own fit.") in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "
             "(|FD| + 0.1 |KPI|); at most 100 passes.") in cal
     assert ("Set aside by the check: L1D relaxed with a floor of 24 slots at tau = 0.1 (training loss 0.25, "
             "lower than the kept one's; worst error 6.5e6, in d delivery / d p at p = 0.1, 6000 bytes, "
             "23 dBm).") in cal
     assert "No floor of" not in cal
-    assert "Fit times on one core: L1D relaxed 96.5 s." in cal
+    assert "Fit times on one core (every size of a model, one job): L1D relaxed 96.5 s." in cal
     assert "Every model's held-out loss falls with its calibration" in cal
     assert ("the mean point loss (the level term) is 20.5 → 0.31 for L1D relaxed: every calibrated "
             "model is") in cal

@@ -67,6 +67,9 @@ def test_sensitivity_runs_a_calibrated_model_at_its_own_temperature(monkeypatch)
     class FakeCal:
         tau = 0.3
 
+        def at(self, R):  # one set of constants for every fleet size
+            return self
+
         def apply(self, cfg, **kw):
             return CellConfig(rate_factor=0.5)
 

@@ -269,7 +269,7 @@ def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
     for spec in specs:
         mcfg, tau_min = cfg, 0.0
         if spec.get("calibrated"):
-            cal = Calibration.load(calibration, mode=spec["mode"], sends=spec["sends"])
+            cal = Calibration.load(calibration, mode=spec["mode"], sends=spec["sends"]).at(R)
             mcfg, tau_min = cal.apply(cfg, R=R, area_m=area), cal.tau
         t0 = time.perf_counter()
         name = model_name(spec)

@@ -92,24 +92,50 @@ def sweep_kpis(sweep: dict) -> tuple:
                  and k.batch_key in sweep["L2-legacy"])
 
 
-def calibration_sweep(sweep: dict, path: str, kpi_label: dict) -> None:
+# The constants of a calibration against the fleet size (the fleet row of :func:`calibration_sweep`).
+_CONSTANTS = (("rate_factor", "capacity factor", True), ("snr_offset_db", "SNR offset, dB", False),
+              ("sr_slots", "latency floor, slots", False), ("tau", "temperature tau", True))
+
+
+def _fleet_row(axes, fleet: dict) -> None:
+    """One panel per constant of ``_CONSTANTS``: its fitted value per model against R (log x)."""
+    for ax, (key, label, log_y) in zip(axes, _CONSTANTS, strict=False):
+        for m, (model, rows) in enumerate(fleet.items()):
+            ax.plot([r["R"] for r in rows], [r[key] for r in rows], "o-", color=_COLORS[m % len(_COLORS)],
+                    ms=3, label=model)
+        ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel("robots per cell R")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=6)
+
+
+def calibration_sweep(sweep: dict, path: str, kpi_label: dict, fleet: dict | None = None) -> None:
     """Delay, delivery and AoI (:func:`sweep_kpis`) against p for each message size of the sweep:
-    L2-legacy (black) against each model uncalibrated (dashed) and calibrated (solid).
+    L2-legacy (black) against each model uncalibrated (dashed) and calibrated (solid); with
+    ``fleet``, a first row of the fitted constants against the fleet size.
 
     :input sweep: ``points`` (p, size_bytes, ...), ``L2-legacy`` {kpi: [per point]} and
         ``models`` {model: {"uncalibrated"|"calibrated": {kpi: [per point]}}}.
+    :input fleet: {model: [{"R", "rate_factor", "snr_offset_db", "sr_slots", "tau"}]} (ascending R).
     """
     pts = sweep["points"]
     sizes = sorted({p[1] for p in pts})
     panels = sweep_kpis(sweep)
     kpis = tuple(k.batch_key for k in panels)
     ylabel = {k.batch_key: axis_label(k) for k in panels}
-    fig, axes = plt.subplots(len(sizes), len(kpis), figsize=(4.2 * len(kpis), 3.2 * len(sizes)),
+    top = 1 if fleet else 0
+    cols = max(len(kpis), len(_CONSTANTS) if fleet else 0)
+    fig, axes = plt.subplots(len(sizes) + top, cols, figsize=(4.2 * cols, 3.2 * (len(sizes) + top)),
                              squeeze=False)
+    if fleet:
+        _fleet_row(axes[0], fleet)
     for i, size in enumerate(sizes):
         idx = [j for j, p in enumerate(pts) if p[1] == size]
         ps = [pts[j][0] for j in idx]
-        for ax, k in zip(axes[i], kpis, strict=True):
+        for ax, k in zip(axes[i + top], kpis, strict=False):
             ax.plot(ps, [sweep["L2-legacy"][k][j] for j in idx], "k-o", ms=3, lw=1.6, label="L2-legacy")
             for m, (model, curves) in enumerate(sweep["models"].items()):
                 col = _COLORS[m % len(_COLORS)]
@@ -123,7 +149,9 @@ def calibration_sweep(sweep: dict, path: str, kpi_label: dict) -> None:
                 ax.set_yscale("log")
             ax.set_title(f"{kpi_label[k]}, {size / 1000:g} kB messages", fontsize=9)
             ax.grid(alpha=0.3, which="both")
-    axes[0][0].legend(fontsize=6, ncol=1)
+        for ax in axes[i + top][len(kpis):]:
+            ax.set_visible(False)
+    axes[top][0].legend(fontsize=6, ncol=1)
     fig.tight_layout()
     save(fig, path)
 

@@ -1,14 +1,17 @@
 """Calibration of L1D and QAD (mean-field and relaxed sends) to L2-legacy, in three parts:
 
 * ``targets`` (one job per point set and fleet size: ``train`` and ``heldout`` at each of the
-  config's ``R``, ``sweep`` at the first): L2-legacy KPIs at each operating point of the set
-  (``isaac_net.core.diff.calibrate.measure``);
-* ``fit`` (one job per model): the constants by grid search and Nelder-Mead on the training
-  targets of every fleet size, the held-out loss, and the model's KPIs on the load sweep
-  uncalibrated and calibrated (``calibrate.fit``);
+  config's ``R``, scaled to it from the reference size ``ref_R``, ``sweep`` at ``ref_R``):
+  L2-legacy KPIs at each operating point of the set (``isaac_net.core.diff.calibrate.measure``);
+* ``fit`` (one job per model): one set of constants per fleet size by grid search and
+  Nelder-Mead on that size's training targets, by continuation from ``ref_R``
+  (``calibrate.fit_fleet``), the held-out losses, the training loss of the ways to serve a size
+  (its own fit, the reference size's constants, interpolation between its neighbours), and the
+  model's KPIs on the load sweep uncalibrated and calibrated;
 * ``merge``: the calibration file ``calibration.json`` (loadable with
-  ``Calibration.load(path, mode=, sends=)``) with a summary, a table and the figure of
-  L2-legacy against the uncalibrated and calibrated models across load.
+  ``Calibration.load(path, mode=, sends=)``, which gives the constants for any R) with a
+  summary, the tables and the figure: the constants against R, and L2-legacy against the
+  uncalibrated and calibrated models across load.
 """
 
 import json
@@ -25,21 +28,29 @@ except ImportError:  # imported as benchmarks.diff.calibrate (tests)
 
 
 
-def point_sets(params: dict) -> dict:
-    """The operating points of each set: ``train``, ``heldout`` and ``sweep`` (p x sizes x tx)."""
+def point_sets(params: dict, R: int) -> dict:
+    """The operating points of each set at ``R`` robots per cell: ``train`` and ``heldout`` (p x
+    sizes x tx at the reference size ``ref_R``, scaled to ``R``: ``calibrate.scaled_points``) and
+    ``sweep`` (the figure's, at ``ref_R`` only)."""
     from isaac_net.core.diff import calibrate
 
     def grid(g):
         return calibrate.product_grid(g["p"], g["sizes_bytes"], g["tx_dbm"])
 
-    return {"train": grid(params["grid"]), "heldout": grid(params["heldout"]), "sweep": grid(params["sweep"])}
+    ref = int(params["ref_R"])
+    return {"train": calibrate.scaled_points(grid(params["grid"]), R, ref_R=ref),
+            "heldout": calibrate.scaled_points(grid(params["heldout"]), R, ref_R=ref),
+            "sweep": grid(params["sweep"])}
 
 
 def fleet_sizes(params: dict) -> tuple:
-    """The config's ``R``: the fleet sizes the fit runs on (the sweep at the first)."""
+    """The config's ``R``: the fleet sizes fitted (one set of constants each), ascending."""
     from isaac_net.core.diff import calibrate
 
-    return calibrate.fleet_sizes(params["R"])
+    sizes = tuple(sorted(calibrate.fleet_sizes(params["R"])))
+    if int(params["ref_R"]) not in sizes:
+        raise ValueError(f"ref_R: expected one of the fleet sizes R = {list(sizes)}, got {params['ref_R']!r}")
+    return sizes
 
 
 def _problem(params: dict, part: str, R: int):
@@ -48,7 +59,7 @@ def _problem(params: dict, part: str, R: int):
     # Each set has its own positions and sends: seed, seed + 1 (held out), seed + 2 (sweep).
     offset = {"train": 0, "heldout": 1, "sweep": 2}[part]
     return calibrate.problem(
-        point_sets(params)[part],
+        point_sets(params, R)[part],
         R=int(R),
         area_m=params["area_m"],
         envs=int(params["envs"]),
@@ -67,8 +78,9 @@ def targets(stage, params: dict, out: dict, part: str) -> None:
     if name not in ("train", "heldout", "sweep") or not R.isdigit():
         raise ValueError(f"part: expected targets-<set>-<R> (set train, heldout or sweep), "
                          f"got targets-{part}")
-    if int(R) not in fleet_sizes(params):
-        raise ValueError(f"part: fleet size {R} is not one of the config's R = {list(fleet_sizes(params))}")
+    if int(R) not in fleet_sizes(params) or (name == "sweep" and int(R) != int(params["ref_R"])):
+        raise ValueError(f"part: fleet size {R} is not one of the config's R = {list(fleet_sizes(params))} "
+                         f"(the sweep: ref_R = {params['ref_R']})")
     prob, offset = _problem(params, name, int(R))
     t0 = time.perf_counter()
     kpis = calibrate.measure(
@@ -88,18 +100,15 @@ def targets(stage, params: dict, out: dict, part: str) -> None:
 
 
 def _kpis(paths, sizes: tuple) -> dict:
-    """The targets of every fleet size (one file each, in the order of ``sizes``) as one set of points."""
-    from isaac_net.core.diff import calibrate
-
+    """The targets ``{R: {kpi: [n_points]}}`` of every fleet size (one file each, in the order of
+    ``sizes``)."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     data = [json.loads(open(p).read()) for p in paths]
     got = [d.get("R") for d in data]
     if got != list(sizes):
         raise ValueError(f"targets: expected files of the fleet sizes {list(sizes)} in order, "
                          f"got {got} ({paths})")
-    return calibrate.concat_points(
-        {k: torch.tensor(v, dtype=torch.float64) for k, v in d["kpis"].items()} for d in data
-    )
+    return {d["R"]: {k: torch.tensor(v, dtype=torch.float64) for k, v in d["kpis"].items()} for d in data}
 
 
 def _log(line: str) -> None:
@@ -107,97 +116,94 @@ def _log(line: str) -> None:
 
 
 def fit(stage, params: dict, out: dict, model: str) -> None:
-    """Fit one model's constants; its KPIs on the sweep, uncalibrated and calibrated."""
+    """Fit one model's constants at every fleet size (``calibrate.fit_fleet``); the training loss of
+    the ways to serve each size (``calibrate.size_losses``); its KPIs on the sweep, uncalibrated and
+    calibrated."""
     from isaac_net.core.diff import calibrate
 
     mode, sends = model.split("_", 1)
     cfg = cell_config(params.get("cell", {}))
-    sets = point_sets(params)
-    sizes = fleet_sizes(params)
+    sizes, ref = fleet_sizes(params), int(params["ref_R"])
+    sets = {R: point_sets(params, R) for R in sizes}
+    common = dict(area_m=params["area_m"], envs=int(params["envs"]), T=int(params["T"]),
+                  warmup=int(params["warmup"]), seed=int(params["seed"]), lam=float(params["lam"]), cfg=cfg,
+                  slope_weight=float(params["slope_weight"]), model_robots=int(params["model_robots"]))
+    train = _kpis(out["train"], sizes)
     t0 = time.perf_counter()
-    cal = calibrate.fit(
-        mode,
-        sends,
-        level=params["level"],
-        grid=sets["train"],
-        heldout=sets["heldout"],
-        R=sizes,
-        area_m=params["area_m"],
-        envs=int(params["envs"]),
-        model_envs=int(params["model_envs"]),
-        T=int(params["T"]),
-        warmup=int(params["warmup"]),
-        tau=float(params["tau"]),
-        lam=float(params["lam"]),
-        seed=int(params["seed"]),
-        cfg=cfg,
-        search=params.get("search"),
-        slope_weight=float(params["slope_weight"]),
-        targets=_kpis(out["train"], sizes),
-        heldout_targets=_kpis(out["heldout"], sizes),
+    fc = calibrate.fit_fleet(
+        mode, sends, sizes=sizes, ref_R=ref, grids={R: s["train"] for R, s in sets.items()},
+        heldouts={R: s["heldout"] for R, s in sets.items()}, level=params["level"], tau=float(params["tau"]),
+        search=params.get("search"), targets=train, heldout_targets=_kpis(out["heldout"], sizes),
         progress=_log,  # a line per grid choice, refinement and gradient check
-        provenance={"stage": stage.name, "profile": stage.profile},
-    )
+        provenance={"stage": stage.name, "profile": stage.profile}, **common)
     wall_fit = time.perf_counter() - t0
-    sweep, _ = _problem(params, "sweep", sizes[0])
-    sweep = sweep.first(int(params["model_envs"]))
+    forms = calibrate.fleet.size_losses(fc, ref_R=ref, grids={R: s["train"] for R, s in sets.items()},
+                                        targets=train, **common)
+    sweep, _ = _problem(params, "sweep", ref)
+    sweep = sweep.first(calibrate.model_envs_for(ref, int(params["model_robots"]), int(params["envs"])))
     curves = {}
     # Each at its own temperature: the plain model at the studies', the calibrated one at its fitted.
+    cal = fc.at(ref)
     for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
         k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]))
         curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
-    stage.write_json(
-        out["json"], {"model": model, "calibration": cal.to_dict(), "sweep": curves, "wall_fit_s": wall_fit}
-    )
+    stage.write_json(out["json"], {"model": model, "calibrations": fc.to_dicts(), "forms": forms,
+                                   "sweep": curves, "wall_fit_s": wall_fit})
+
+
+def _row(c: dict) -> dict:
+    """A table row of one calibration entry (one model at one fleet size)."""
+    from isaac_net.core.diff import calibrate
+
+    return {"model": f"{c['mode']}D {c['sends'].replace('_', '-')}", "mode": c["mode"], "sends": c["sends"],
+            "R": c["R"][0], "rate_factor": c["rate_factor"], "snr_offset_db": c["snr_offset_db"],
+            "sr_field": calibrate.sr_field(c["mode"]), "sr_slots": c["sr_slots"],
+            "tau": calibrate.Calibration.from_dict(c).tau, "qa_snr_req_db": c.get("qa_snr_req_db"),
+            "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
+            "model_envs": c["setup"]["model_envs"],
+            "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],
+            "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"], "heldout_loss": c["heldout_loss"],
+            "evaluations": c["setup"]["evaluations"], "gradient_check": c["gradient_check"]}
+
+
+def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:
+    from isaac_net.core.diff import calibrate
+
+    sizes = fleet_sizes(params)
+    ref = [r for r in fleet if r["R"] == int(params["ref_R"])]
+    return {"models": len(fits), "grid_points": ref[0]["train_points"],
+            "heldout_points": ref[0]["heldout_points"],
+            "envs_per_point": int(params["envs"]), "model_robots": int(params["model_robots"]),
+            "model_envs_per_point": ref[0]["model_envs"], "R": int(params["ref_R"]),
+            "fleet_sizes": len(sizes), "R_min": sizes[0], "R_max": sizes[-1], "T": int(params["T"]),
+            "warmup": int(params["warmup"]), "tau": float(params["tau"]), "lam": float(params["lam"]),
+            "area_lo_m": float(params["area_m"][0]), "area_hi_m": float(params["area_m"][1]),
+            "sweep_points": len(sweep_l2["points"]), "p_max": calibrate.P_MAX,
+            "worst_heldout_loss": max(r["heldout_loss"] for r in fleet),
+            "all_improve_heldout": all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in fleet),
+            "all_gradients_stable": all(r["gradient_check"]["stable"] for r in fleet),
+            "floors_rejected": sum(len(r["gradient_check"]["rejected"]) for r in fleet),
+            "max_wall_fit_s": max(f["wall_fit_s"] for f in fits)}
 
 
 def merge(stage, params: dict, out: dict) -> None:
-    """The calibration file, its summary and table, and the figure."""
+    """The calibration file (every model at every fleet size), its summary, the table at the
+    reference size, the table per fleet size with the forms compared, and the figure."""
     from isaac_net.core.diff import calibrate
 
     fits = [json.loads(open(p).read()) for p in out["fits"]]
-    sweep_path = out["sweep"] if isinstance(out["sweep"], str) else out["sweep"][0]  # the first fleet size's
+    sweep_path = out["sweep"] if isinstance(out["sweep"], str) else out["sweep"][0]
     sweep_l2 = json.loads(open(sweep_path).read())
-    table, summary = (
-        [],
-        {
-            "models": len(fits),
-            "grid_points": len(fits[0]["calibration"]["grid"]),
-            "heldout_points": len(fits[0]["calibration"]["heldout_grid"]),
-            "envs_per_point": int(params["envs"]),
-            "model_envs_per_point": int(params["model_envs"]),
-            "R": fleet_sizes(params)[0],  # the sweep's; the fit's fleet sizes are the config's R
-            "fleet_sizes": len(fleet_sizes(params)),
-            "T": int(params["T"]),
-            "warmup": int(params["warmup"]),
-            "tau": float(params["tau"]),
-            "lam": float(params["lam"]),
-            "area_lo_m": float(params["area_m"][0]),
-            "area_hi_m": float(params["area_m"][1]),
-        },
-    )
+    fleet = []
     for f in fits:
-        c = f["calibration"]
-        table.append(
-            {
-                "model": f"{c['mode']}D {c['sends'].replace('_', '-')}",
-                "mode": c["mode"],
-                "sends": c["sends"],
-                "rate_factor": c["rate_factor"],
-                "snr_offset_db": c["snr_offset_db"],
-                "sr_field": calibrate.sr_field(c["mode"]),
-                "sr_slots": c["sr_slots"],
-                "tau": calibrate.Calibration.from_dict(c).tau,
-                "qa_snr_req_db": c.get("qa_snr_req_db"),
-                "train_loss_uncalibrated": c["uncalibrated_train_loss"],
-                "train_loss": c["train_loss"],
-                "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"],
-                "heldout_loss": c["heldout_loss"],
-                "evaluations": c["setup"]["evaluations"],
-                "wall_fit_s": f["wall_fit_s"],
-                "gradient_check": c["gradient_check"],
-            }
-        )
+        forms = {r["R"]: r for r in f["forms"]}
+        for c in f["calibrations"]:
+            row = _row(c)
+            form = forms[row["R"]]
+            fleet.append({**row, "wall_fit_s": f["wall_fit_s"], "loss_own": form["own"],
+                          "loss_ref_constants": form["ref"], "loss_line": form["line"],
+                          "loss_interpolated": form["between"]})
+    table = [dict(r) for r in fleet if r["R"] == int(params["ref_R"])]
     # The load sweep of the figure, as a third check of the fit: its mean point loss per model.
     l2 = {k: torch.tensor(v, dtype=torch.float64) for k, v in sweep_l2["kpis"].items()}
     for r, f in zip(table, fits, strict=True):
@@ -205,30 +211,20 @@ def merge(stage, params: dict, out: dict) -> None:
             curve = {k: torch.tensor(v, dtype=torch.float64) for k, v in f["sweep"][name].items()}
             key = "sweep_loss" if name == "calibrated" else "sweep_loss_uncalibrated"
             r[key] = float(calibrate.point_loss(curve, l2).mean())
+    summary = _summary(params, fits, fleet, sweep_l2)
     summary["all_improve_sweep"] = all(r["sweep_loss"] < r["sweep_loss_uncalibrated"] for r in table)
-    summary["sweep_points"] = len(sweep_l2["points"])
-    summary["worst_heldout_loss"] = max(r["heldout_loss"] for r in table)
-    summary["all_improve_heldout"] = all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in table)
-    summary["all_gradients_stable"] = all(r["gradient_check"]["stable"] for r in table)
-    summary["floors_rejected"] = sum(len(r["gradient_check"]["rejected"]) for r in table)
-    sweep = {
-        "points": sweep_l2["points"],
-        "L2-legacy": sweep_l2["kpis"],
-        "models": {f["model"]: f["sweep"] for f in fits},
-    }
+    sweep = {"points": sweep_l2["points"], "L2-legacy": sweep_l2["kpis"],
+             "models": {f["model"]: f["sweep"] for f in fits}}
     fig_name = None
     if "figure" in out:
-        calibration_sweep(sweep, out["figure"], KPI_LABEL)
+        models = dict.fromkeys(r["model"] for r in fleet)
+        by_model = {m: [r for r in fleet if r["model"] == m] for m in models}
+        calibration_sweep(sweep, out["figure"], KPI_LABEL, fleet=by_model)
         fig_name = out["figure"].rsplit("/", 1)[-1]
-    payload = {
-        "format": calibrate.FORMAT,
-        "version": calibrate.VERSION,
-        "calibrations": [f["calibration"] for f in fits],
-        "summary": summary,
-        "table": table,
-        "sweep": sweep,
-        **({"figure": fig_name} if fig_name else {}),
-    }
+    payload = {"format": calibrate.FORMAT, "version": calibrate.VERSION,
+               "calibrations": [c for f in fits for c in f["calibrations"]], "summary": summary,
+               "table": table,
+               "fleet": fleet, "sweep": sweep, **({"figure": fig_name} if fig_name else {})}
     stage.write_json(out["json"], payload)
 
 

@@ -190,7 +190,8 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     dtype = getattr(torch, params.get("dtype", "float32"))
     cfg = cell_config(params.get("cell", {}))
     op = ops_by_name(params)[op_name]
-    n_seeds, per, T, warmup = (int(params[k]) for k in ("n_seeds", "envs_per_seed", "T", "warmup"))
+    n_seeds, T, warmup = (int(params[k]) for k in ("n_seeds", "T", "warmup"))
+    per = int(op.get("envs_per_seed", params["envs_per_seed"]))
     R = int(op.get("R", params["R"]))
     steps = params["fd_steps"]
     models = [m for m in model_list(params) if not m[2] or (m[0], m[1]) in cals]
@@ -207,13 +208,14 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     grads, mvals = {}, {}
     for mode, sends, calibrated in (models if not progress else bar(models, desc=f"models {op_name}")):
         mcfg, tau = cfg, float(params["tau"])
-        if calibrated:  # the calibrated model at the temperature it was fitted at
-            cal = cals[(mode, sends)]
+        if calibrated:  # the calibrated model for R robots per cell, at the temperature it was fitted at
+            cal = cals[(mode, sends)].at(R)
             mcfg, tau = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0])), cal.tau
         grads[(mode, sends, calibrated)], mvals[(mode, sends, calibrated)] = model_gradients(
             base, mode, sends, n_seeds, T, warmup, tau, float(params["lam"]), mcfg)
     t2 = time.perf_counter()
     values = {"op": op_name, "held_out": bool(op.get("held_out", False)), "p": float(op["p"]), "R": R,
+              "envs_per_seed": per,
               "sizes_bytes": [float(b) for b in op["sizes_bytes"]], "tx_dbm": float(op.get("tx_dbm", 23.0)),
               "area_m": [float(x) for x in op.get("area_m", [40.0, 140.0])],
               "L2": {KPI_LABEL[k]: float(l2_vals[k].mean()) for k in KPIS},
@@ -236,7 +238,7 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
                 verdict = ("fd_not_resolved" if not significant else "model_zero" if is_zero
                            else "sign_ok" if same_sign else "sign_wrong")
                 within = (1.0 / WITHIN <= ratio <= WITHIN) if significant and math.isfinite(ratio) else None
-                detail.append({"op": op_name, "held_out": values["held_out"], "kpi": kpi,
+                detail.append({"op": op_name, "held_out": values["held_out"], "R": R, "kpi": kpi,
                                "fitted": kpi in FITTED_KPIS, "input": name,
                                "derivative": f"d {KPI_LABEL[kpi]} / d {INPUT_LABEL[name]}",
                                "model": model_label(*m), "mode": m[0], "sends": m[1], "calibrated": m[2],
@@ -272,15 +274,20 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
     # The agreement of the KPIs the calibration fits (its targets are stated on them), and apart
     # from it that of each other KPI (throughput), so a KPI added to the registry moves no target.
     metrics, metrics_other = [], []
+    sizes = sorted({d["R"] for d in detail})
     for label in labels:
         mine = [d for d in detail if d["model"] == label]
-        for group, rows in (("stage", [d for d in mine if not d["held_out"]]),
-                            ("held_out", [d for d in mine if d["held_out"]])):
+        # The point groups: the stage points, the held-out points, and (with several fleet sizes)
+        # every fleet size's points ("R<n>").
+        groups = [("stage", [d for d in mine if not d["held_out"]]),
+                  ("held_out", [d for d in mine if d["held_out"]])]
+        groups += [(f"R{r}", [d for d in mine if d["R"] == r]) for r in sizes] if len(sizes) > 1 else []
+        for group, rows in groups:
             if not rows:
                 continue
             m0 = rows[0]
             head = {"model": label, "mode": m0["mode"], "sends": m0["sends"], "calibrated": m0["calibrated"],
-                    "points": group}
+                    "points": group, **({"R": m0["R"]} if group.startswith("R") else {})}
             metrics.append({**head, **_metrics([d for d in rows if d["fitted"]])})
             for kpi in KPIS:
                 if kpi not in FITTED_KPIS:
@@ -322,7 +329,7 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
                        and m["sign_agree_frac"] >= t["l1d_mf_sign_agree_min"]}
             else:
                 continue
-            targets.append({"model": m["model"], "points": m["points"],
+            targets.append({"model": m["model"], "points": m["points"], **({"R": m["R"]} if "R" in m else {}),
                             **{f"{k}_met": v for k, v in met.items()}, "met": all(met.values())})
     for m in metrics:  # flat keys the template quotes
         key = m["model"].replace(" ", "_")

@@ -224,15 +224,18 @@ def bench_path(rule_name):
     return f"{RESULTS}/bench/{rule_name}.tsv"
 
 
-# The calibration's fleet sizes (robots per cell), in the config's order; its load sweep at the first.
+# The calibration's fleet sizes (robots per cell), ascending; its load sweep at the reference size.
 _CALIBRATION_R = config["calibrate"]["R"]
-CALIBRATION_R = [int(r) for r in (_CALIBRATION_R if isinstance(_CALIBRATION_R, list) else [_CALIBRATION_R])]
+CALIBRATION_R = sorted(
+    int(r) for r in (_CALIBRATION_R if isinstance(_CALIBRATION_R, list) else [_CALIBRATION_R])
+)
+CALIBRATION_REF_R = int(config["calibrate"]["ref_R"])
 
 
 def calibration_targets(point_set):
-    """The calibration's L2-legacy target files of one point set, one per fleet size in order (the
-    sweep: the first size only)."""
-    sizes = CALIBRATION_R[:1] if point_set == "sweep" else CALIBRATION_R
+    """The calibration's L2-legacy target files of one point set, one per fleet size in ascending
+    order (the sweep: the reference size only)."""
+    sizes = [CALIBRATION_REF_R] if point_set == "sweep" else CALIBRATION_R
     return [f"{RESULTS}/calibrate/targets_{point_set}_R{r}.json" for r in sizes]
 
 
@@ -242,7 +245,7 @@ def calibration_targets(point_set):
 CALIBRATION_SETS = ("train", "heldout", "sweep")
 CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
 SENSITIVITY_OPS = [op["name"] for op in config["sensitivity"]["ops"]]
-FAN_OUT = {"model": CALIBRATION_MODELS, "op": SENSITIVITY_OPS, "sweep_R": CALIBRATION_R[:1]}
+FAN_OUT = {"model": CALIBRATION_MODELS, "op": SENSITIVITY_OPS, "sweep_R": [CALIBRATION_REF_R]}
 
 
 def stage_inputs(stage):

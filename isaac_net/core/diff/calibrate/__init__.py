@@ -41,14 +41,18 @@ neighbouring points (along p, message size, power and fleet size; :func:`neighbo
 ``SLOPE_WEIGHT``: the users of a calibration follow its slopes. It is fitted on a training grid
 and reported on held-out points.
 
-A calibration can be fitted on cells of several fleet sizes at once (``R=(8, 12)``): the loss is
-the mean over every (fleet size, point). The effective constants depend on the load a cell
-carries, and fitted at one size they lose their fit at another (docs/design.md, "Measurements and
-history"); a fit that sees two sizes is the one that must hold between and beyond them.
+The effective constants depend on how many robots share a cell, and fitted at one size they lose
+their fit at another (docs/design.md, "Calibration across fleet sizes"). :func:`fit_fleet` fits one
+set of constants per fleet size, each on points loaded alike (:func:`scaled_points`), by
+continuation from a reference size; the :class:`FleetCalibration` it gives interpolates them in
+log R for the sizes between (``.at(R)``, ``.apply(cfg, R=R)``, ``.model(E, R)``). :func:`fit`
+also takes several sizes at once (``R=(8, 12)``: one set of constants, the loss the mean over
+every (fleet size, point)).
 
 The package, one concern a module: ``targets`` (operating points, problems, the discrete level's
 KPIs), ``loss`` (the target KPIs, their grouping and the loss), ``evaluate`` (the model's KPIs and
-the gradient check), ``store`` (:class:`Calibration`, its file), ``search`` (:func:`fit`).
+the gradient check), ``store`` (:class:`Calibration`, its file), ``search`` (:func:`fit`), ``fleet``
+(:class:`FleetCalibration`, :func:`fit_fleet`).
 
 Usage::
 
@@ -58,6 +62,7 @@ Usage::
     net = DiffFluid(E, R, "cpu", mode="L1", tau=cal.tau, cfg=cal.apply(CellConfig()))  # as fitted
     cal.save("calibration.json")
     cal = calibrate.Calibration.load("calibration.json", mode="L1", sends="relaxed")
+    net = cal.model(E, R)  # a file with several fleet sizes: the constants for R, interpolated
 """
 
 from __future__ import annotations
@@ -68,6 +73,14 @@ from isaac_net.core.diff.calibrate.evaluate import (
     KPI_FLOOR,
     check_gradients,
     model_kpis,
+)
+from isaac_net.core.diff.calibrate.fleet import (
+    P_MAX,
+    FleetCalibration,
+    continuation_order,
+    fit_fleet,
+    model_envs_for,
+    scaled_points,
 )
 from isaac_net.core.diff.calibrate.loss import (
     DELIVERY_UNIT,
@@ -110,19 +123,25 @@ __all__ = [
     "TARGET_KPIS",
     "VERSION",
     "Calibration",
+    "FleetCalibration",
+    "P_MAX",
     "Problem",
     "check_gradients",
     "concat_points",
+    "continuation_order",
     "fit",
+    "fit_fleet",
     "fleet_sizes",
     "group_kpis",
     "loss",
     "measure",
+    "model_envs_for",
     "model_kpis",
     "neighbours",
     "point_loss",
     "problem",
     "product_grid",
     "save_all",
+    "scaled_points",
     "sr_field",
 ]

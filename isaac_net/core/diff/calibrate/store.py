@@ -44,7 +44,8 @@ class Calibration:
         ``DiffFluid(..., tau=cal.tau, cfg=cal.apply(cfg))`` (another temperature moves the operating
         point). An entry without one was fitted at a single temperature: the fit's ``setup["tau"]``.
     :field train_loss, heldout_loss: mean point loss on the training grid and on the held-out
-        points (None without them), calibrated; ``uncalibrated_*``: the same for the plain model.
+        points (None without them, or for constants interpolated between fleet sizes), calibrated;
+        ``uncalibrated_*``: the same for the plain model.
     :field grid, heldout_grid: the points ``(p, msg_bytes, tx_dbm)``.
     :field R: the fleet sizes (robots per cell) of the training cells, a tuple (a file with one
         integer gives a tuple of one).
@@ -63,7 +64,7 @@ class Calibration:
     rate_factor: float
     snr_offset_db: float
     sr_slots: int
-    train_loss: float
+    train_loss: float | None
     heldout_loss: float | None
     uncalibrated_train_loss: float
     uncalibrated_heldout_loss: float | None
@@ -158,6 +159,13 @@ class Calibration:
             )
         return dataclasses.replace(cfg, **self.constants)
 
+    def at(self, R: int) -> "Calibration":
+        """This calibration, for ``R`` robots per cell (a :class:`~.fleet.FleetCalibration` gives the
+        constants of the size asked; one fitted on one set of sizes is the same at every ``R``, and
+        :meth:`apply` with ``R=`` warns outside them)."""
+        _one_fleet_size(R)
+        return self
+
     def model(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None, area_m=None,
               l2_config: L2LegacyConfig | None = None, **kwargs) -> DiffFluid:
         """The calibrated model as fitted: ``DiffFluid(E, R, device, mode=self.mode, tau=self.tau,
@@ -195,32 +203,47 @@ class Calibration:
 
     def save(self, path) -> None:
         """Write this calibration into the calibration file ``path``, replacing an entry of the same
-        ``(mode, sends)`` and keeping the others (a new file when there is none)."""
+        ``(mode, sends)`` and fleet sizes and keeping the others (a new file when there is none)."""
         path = Path(path)
         entries = _read_file(path) if path.exists() else []
-        entries = [e for e in entries if (e["mode"], e["sends"]) != (self.mode, self.sends)] + [
+        mine = (self.mode, self.sends, list(self.R))
+        entries = [e for e in entries if (e["mode"], e["sends"], list(fleet_sizes(e["R"]))) != mine] + [
             self.to_dict()
         ]
         save_all(path, entries)
 
     @classmethod
-    def load(cls, path, *, mode: str, sends: str) -> "Calibration":
-        """The calibration of ``(mode, sends)`` from the calibration file ``path``."""
+    def load(cls, path, *, mode: str, sends: str):
+        """The calibration of ``(mode, sends)`` from the calibration file ``path``: a
+        :class:`Calibration`, or a :class:`~.fleet.FleetCalibration` when the file holds fits of it at
+        several fleet sizes (one entry each). Either gives the constants for ``R`` robots per cell
+        with ``.at(R)``, ``.apply(cfg, R=R)`` and ``.model(E, R)``."""
         _check_model(mode, sends)
         entries = _read_file(Path(path))
-        for e in entries:
-            if (e["mode"], e["sends"]) == (mode, sends):
-                return cls.from_dict(e, str(path))
+        mine = [cls.from_dict(e, str(path)) for e in entries if (e["mode"], e["sends"]) == (mode, sends)]
+        if len(mine) == 1:
+            return mine[0]
+        if mine:
+            from isaac_net.core.diff.calibrate.fleet import FleetCalibration
+
+            try:
+                return FleetCalibration(mode, sends, tuple(mine))
+            except ValueError as err:
+                raise ValueError(f"{path}: {err}") from None
         have = ", ".join(f"({e.get('mode')}, {e.get('sends')})" for e in entries) or "none"
         raise ValueError(f"{path}: no calibration for mode={mode!r}, sends={sends!r}; the file holds: {have}")
 
 
 def save_all(path, calibrations) -> None:
-    """Write several calibrations (``Calibration`` or their dicts) as one calibration file.
+    """Write several calibrations (``Calibration``, ``FleetCalibration`` or their dicts) as one
+    calibration file.
 
     A non-finite number (a loss or a gradient check's error of inf) is written as JSON's
     extension ``Infinity`` / ``NaN``, which :meth:`Calibration.load` reads back as it was."""
-    entries = [c.to_dict() if isinstance(c, Calibration) else c for c in calibrations]
+    entries = []
+    for c in calibrations:  # a FleetCalibration is one entry per fleet size
+        one = c.to_dict() if isinstance(c, Calibration) else c
+        entries += c.to_dicts() if hasattr(c, "to_dicts") else [one]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(
         json.dumps({"format": FORMAT, "version": VERSION, "calibrations": entries}, indent=1, allow_nan=True)

@@ -1,0 +1,262 @@
+"""Calibrations across fleet sizes: one fit per fitted size, the constants for any size between
+them interpolated in log R (:class:`FleetCalibration`).
+
+What the constants stand for changes with the number of robots sharing a cell (PF's multi-user
+diversity, SR/BSR and grant queues, HARQ under contention), so a fit at 8 robots loses half the
+gradients' size at 32-64 (docs/design.md, "Calibration across fleet sizes"). :func:`fit_fleet`
+fits each size on its own operating points, scaled so that every size is loaded alike
+(:func:`scaled_points`: the same offered bytes per cell), starting at the reference size with the
+full search and moving outwards one size at a time with the search narrowed around the
+neighbour's choice (:func:`_neighbour_search`): a continuation that keeps the constants a smooth
+function of R and costs a fraction of a full search per size. Between two fitted sizes the
+constants are interpolated in log R (the capacity factor and the temperature geometrically),
+outside them the nearest size's are used and :meth:`Calibration.apply` warns once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from isaac_net.core.config import CellConfig
+from isaac_net.core.diff.calibrate.evaluate import model_kpis
+from isaac_net.core.diff.calibrate.loss import SLOPE_WEIGHT, loss, neighbours
+from isaac_net.core.diff.calibrate.search import SEARCH, fit
+from isaac_net.core.diff.calibrate.store import Calibration, _check_model, _read_file, save_all
+from isaac_net.core.diff.calibrate.targets import _one_fleet_size, fleet_sizes, problem
+from isaac_net.core.diff.model import DiffFluid
+from isaac_net.core.levels import L2LegacyConfig
+
+#: Training points whose scaled send probability exceeds this are dropped (a cell of few robots
+#: cannot carry the reference size's heaviest loads by p alone).
+P_MAX = 0.95
+
+
+def scaled_points(points, R: int, *, ref_R: int, p_max: float = P_MAX) -> tuple:
+    """The operating points ``(p, msg_bytes, tx_dbm)`` of the reference fleet size ``ref_R`` at
+    ``R`` robots per cell: ``p * ref_R / R``, the same offered bytes per cell (L2-legacy's knee sits
+    at about the same ``R p``); points whose scaled ``p`` exceeds ``p_max`` are dropped."""
+    R, ref_R = _one_fleet_size(R), _one_fleet_size(ref_R)
+    out = tuple((float(p) * ref_R / R, float(b), float(tx)) for p, b, tx in points)
+    return tuple(pt for pt in out if pt[0] <= p_max)
+
+
+def model_envs_for(R: int, model_robots: int, envs: int) -> int:
+    """The cells per point through the model at ``R`` robots per cell: about ``model_robots``
+    robots (at least one cell, at most ``envs``): the model's cost stays the same at every size."""
+    return max(1, min(int(envs), math.ceil(int(model_robots) / int(R))))
+
+
+def _log_linear(fits, R: int) -> Calibration:
+    """The constants at ``R`` of a least-squares line in log R through every fit's (the capacity
+    factor and the temperature in log; the latency floor rounded, the SNR requirement the nearest
+    fit's): a global parametric form, two numbers per constant."""
+    x = np.log([c.R[0] for c in fits])
+
+    def line(values, log=False):
+        y = np.log(values) if log else np.asarray(values, dtype=float)
+        slope, icpt = np.polyfit(x, y, 1)
+        v = icpt + slope * math.log(R)
+        return float(math.exp(v) if log else v)
+
+    near = min(fits, key=lambda c: abs(math.log(c.R[0] / R)))
+    return dataclasses.replace(
+        near, rate_factor=line([c.rate_factor for c in fits], log=True),
+        snr_offset_db=line([c.snr_offset_db for c in fits]),
+        sr_slots=max(0, int(round(line([c.sr_slots for c in fits])))),
+        tau=line([c.tau for c in fits], log=True),
+        R=(R,), train_loss=None, heldout_loss=None, gradient_check=None)
+
+
+def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
+    """The constants at ``R`` between the fits ``lo`` and ``hi`` (``lo.R[0] < R < hi.R[0]``), linear
+    in log R; the capacity factor and the temperature geometrically, the latency floor rounded."""
+    w = (math.log(R) - math.log(lo.R[0])) / (math.log(hi.R[0]) - math.log(lo.R[0]))
+
+    def lin(a, b):
+        return (1.0 - w) * a + w * b
+
+    def geo(a, b):
+        return math.exp(lin(math.log(a), math.log(b)))
+
+    req = None if lo.qa_snr_req_db is None or hi.qa_snr_req_db is None else lin(lo.qa_snr_req_db,
+                                                                                 hi.qa_snr_req_db)
+    return dataclasses.replace(
+        lo, rate_factor=geo(lo.rate_factor, hi.rate_factor),
+        snr_offset_db=lin(lo.snr_offset_db, hi.snr_offset_db),
+        sr_slots=int(round(lin(lo.sr_slots, hi.sr_slots))), tau=geo(lo.tau, hi.tau), qa_snr_req_db=req,
+        R=(R,),
+        train_loss=None, heldout_loss=None, gradient_check=None,
+        provenance={**lo.provenance, "interpolated_between_R": [lo.R[0], hi.R[0]]})
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetCalibration:
+    """Calibrations of one model (``mode``, ``sends``) fitted at several fleet sizes, one
+    :class:`Calibration` per size (``fits``, ascending ``R``); :meth:`at` gives the constants for any
+    size. Build with :func:`fit_fleet` or ``Calibration.load`` of a file that holds several sizes.
+    """
+
+    mode: str
+    sends: str
+    fits: tuple
+
+    def __post_init__(self):
+        fits = tuple(sorted(self.fits, key=lambda c: c.R))
+        if not fits or any(not isinstance(c, Calibration) for c in fits):
+            raise TypeError("fits: expected a non-empty sequence of Calibration")
+        if any((c.mode, c.sends) != (self.mode, self.sends) for c in fits):
+            raise ValueError(f"fits: expected calibrations of ({self.mode}, {self.sends}) only, got "
+                             f"{sorted({(c.mode, c.sends) for c in fits})}")
+        if any(len(c.R) != 1 for c in fits) or len({c.R for c in fits}) != len(fits):
+            raise ValueError(f"fits: expected one fit per fleet size, got sizes {[list(c.R) for c in fits]}")
+        object.__setattr__(self, "fits", fits)
+
+    @property
+    def R(self) -> tuple:
+        """The fitted fleet sizes, ascending."""
+        return tuple(c.R[0] for c in self.fits)
+
+    @property
+    def tau(self):
+        raise AttributeError("tau: a fleet calibration's temperature depends on the fleet size; "
+                             "use .at(R).tau")
+
+    def at(self, R: int) -> Calibration:
+        """The calibration for ``R`` robots per cell: the fit of that size, the constants interpolated
+        in log R between the two fitted sizes around it, or outside the fitted range the nearest
+        size's fit (whose :meth:`Calibration.apply` with ``R=`` warns, once, that R is not its)."""
+        R = _one_fleet_size(R)
+        sizes = self.R
+        if R in sizes:
+            return self.fits[sizes.index(R)]
+        if R < sizes[0] or R > sizes[-1]:  # Calibration.apply(R=R) warns (once) of the size outside
+            return self.fits[0] if R < sizes[0] else self.fits[-1]
+        hi = next(i for i, r in enumerate(sizes) if r > R)
+        return _interpolated(self.fits[hi - 1], self.fits[hi], R)
+
+    def apply(self, cfg: CellConfig | None = None, *, R: int, area_m=None,
+              l2_config: L2LegacyConfig | None = None) -> CellConfig:
+        """``cfg`` with the constants for ``R`` robots per cell (:meth:`at`); run the model at
+        ``self.at(R).tau``."""
+        return self.at(R).apply(cfg, R=R, area_m=area_m, l2_config=l2_config)
+
+    def model(self, E: int, R: int, device="cpu", **kwargs) -> DiffFluid:
+        """The calibrated model for ``R`` robots per cell as fitted (:meth:`Calibration.model`)."""
+        return self.at(R).model(E, R, device, **kwargs)
+
+    def to_dicts(self) -> list:
+        return [c.to_dict() for c in self.fits]
+
+    def save(self, path) -> None:
+        """Write every size's fit into the calibration file ``path`` (replacing those of the same
+        ``(mode, sends)`` and keeping the others)."""
+        path = Path(path)
+        entries = _read_file(path) if path.exists() else []
+        others = [e for e in entries if (e["mode"], e["sends"]) != (self.mode, self.sends)]
+        save_all(path, others + self.to_dicts())
+
+
+def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
+    """``search`` narrowed to the choices next to ``prev``'s (the neighbouring size's fit): the
+    latency floors and temperatures of the grid within one step of its, its SNR requirement (QA's
+    headroom rule, not a contention effect), and the best choice refined; the capacity factor and
+    offset keep their whole grid (cheap: batched through the inputs)."""
+    def around(values, chosen):
+        values = sorted(float(v) for v in values)
+        i = min(range(len(values)), key=lambda k: abs(values[k] - chosen))
+        return values[max(0, i - 1): i + 2]
+
+    floors = search["sr_slots"][mode] if isinstance(search["sr_slots"], dict) else search["sr_slots"]
+    out = {**search, "sr_slots": [int(v) for v in around(floors, prev.sr_slots)], "refine_top": 1}
+    if search.get("tau") is not None:
+        out["tau"] = around(search["tau"], prev.tau)
+    if search.get("qa_snr_req_db") is not None and prev.qa_snr_req_db is not None:
+        out["qa_snr_req_db"] = [float(prev.qa_snr_req_db)]
+    return out
+
+
+def continuation_order(sizes, ref_R: int) -> list:
+    """``(R, neighbour)`` in the order :func:`fit_fleet` fits them: the reference size first (no
+    neighbour), then outwards, each size after the fitted size next to it."""
+    sizes = sorted(fleet_sizes(sizes))
+    if ref_R not in sizes:
+        raise ValueError(f"ref_R: expected one of the fleet sizes {sizes}, got {ref_R!r}")
+    i = sizes.index(ref_R)
+    up = [(sizes[k], sizes[k - 1]) for k in range(i + 1, len(sizes))]
+    down = [(sizes[k], sizes[k + 1]) for k in range(i - 1, -1, -1)]
+    return [(ref_R, None)] + up + down
+
+
+def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts: dict | None = None,
+              model_robots: int = 32, envs: int = 16, targets: dict | None = None,
+              heldout_targets: dict | None = None, search: dict | None = None,
+              progress: bool | Callable[[str], None] = False, **kwargs) -> FleetCalibration:
+    """Fit ``(mode, sends)`` at every fleet size of ``sizes`` (:func:`fit` per size), by continuation
+    from ``ref_R`` (:func:`continuation_order`): the reference size with the whole search, each other
+    size with it narrowed around its fitted neighbour's choice (:func:`_neighbour_search`).
+
+    :param grids, heldouts: ``{R: points}`` per size (e.g. :func:`scaled_points`).
+    :param model_robots: about this many robots per point through the model
+        (:func:`model_envs_for`).
+    :param targets, heldout_targets: ``{R: {kpi: [n_points]}}``, the discrete level's KPIs
+        (:func:`fit`'s; measured when None).
+    :param kwargs: the rest of :func:`fit`'s (``area_m``, ``T``, ``warmup``, ``tau``, ``lam``,
+        ``seed``, ``cfg``, ``l2_cfg``, ``slope_weight``, ``provenance``, ...).
+    """
+    _check_model(mode, sends)
+    order = continuation_order(sizes, ref_R)
+    want = sorted(r for r, _ in order)
+    for name, per_size in (("grids", grids), ("heldouts", heldouts), ("targets", targets),
+                           ("heldout_targets", heldout_targets)):
+        if per_size is not None and (not isinstance(per_size, dict) or sorted(per_size) != want):
+            got = sorted(per_size) if isinstance(per_size, dict) else type(per_size).__name__
+            raise ValueError(f"{name}: expected a dict with one entry per fleet size {want}, got {got}")
+    full = {**SEARCH, **(search or {})}
+    fitted: dict = {}
+    for R, neighbour in order:
+        sp = full if neighbour is None else _neighbour_search(full, fitted[neighbour], mode)
+        report = progress if not callable(progress) else (lambda line, R=R: progress(f"R = {R}: {line}"))
+        fitted[R] = fit(mode, sends, grid=grids[R], heldout=(heldouts or {}).get(R, ()), R=R,
+                        envs=envs, model_envs=model_envs_for(R, model_robots, envs),
+                        targets=None if targets is None else targets[R],
+                        heldout_targets=None if heldout_targets is None else heldout_targets[R],
+                        search={k: v for k, v in sp.items() if k in SEARCH}, progress=report, **kwargs)
+    return FleetCalibration(mode, sends, tuple(fitted.values()))
+
+
+
+def size_losses(fc: FleetCalibration, *, ref_R: int, grids: dict, targets: dict, model_robots: int = 32,
+                envs: int = 16, area_m=(40.0, 140.0), T: int = 60, warmup: int = 10, seed: int = 0,
+                lam: float = 0.1, slope_weight: float = SLOPE_WEIGHT, cfg: CellConfig | None = None) -> list:
+    """The training loss at each fitted size of the ways to serve it (the forms compared in
+    docs/design.md): ``own``, the size's own fit; ``ref``, the reference size's constants (one
+    calibration for every size); ``line``, a least-squares line in log R through every size's
+    constants (a parametric form, :func:`_log_linear`); ``between``, for a size with fitted sizes
+    on both sides, the constants interpolated between those two (how well interpolation serves a
+    size it has not seen; None at the ends). ``grids``/``targets`` as :func:`fit_fleet`'s.
+
+    :output: ``[{"R", "own", "ref", "line", "between"}]`` in ascending ``R``.
+    """
+    cfg = CellConfig() if cfg is None else cfg
+    sizes, rows = fc.R, []
+    for i, R in enumerate(sizes):
+        n = model_envs_for(R, model_robots, envs)
+        part = problem(grids[R], R=R, area_m=area_m, envs=envs, T=T, warmup=warmup, seed=seed).first(n)
+        pairs = neighbours(grids[R])
+
+        def loss_of(c: Calibration, part=part, pairs=pairs, R=R) -> float:
+            cell = dataclasses.replace(cfg, **c.constants)
+            k = model_kpis(fc.mode, fc.sends, part, cell, tau=c.tau, lam=lam)
+            return float(loss(k, targets[R], pairs, slope_weight)[0])
+
+        between = (loss_of(_interpolated(fc.fits[i - 1], fc.fits[i + 1], R))
+                   if 0 < i < len(sizes) - 1 else None)
+        line = loss_of(_log_linear(fc.fits, R)) if len(sizes) > 2 else None
+        rows.append({"R": R, "own": loss_of(fc.fits[i]), "ref": loss_of(fc.at(ref_R)), "line": line,
+                     "between": between})
+    return rows

@@ -1,0 +1,178 @@
+"""Calibrations across fleet sizes (isaac_net.core.diff.calibrate.fleet): the points scaled per
+size, the constants interpolated in log R between fitted sizes, the file with one entry per size,
+and the fit by continuation recovering constants that change with the size."""
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+
+from isaac_net.core import CellConfig
+from isaac_net.core.diff import calibrate
+from isaac_net.core.diff.calibrate.fleet import _neighbour_search
+from isaac_net.core.levels import L2LegacyConfig
+
+
+def _cal(R: int, *, mode="QA", sends="relaxed", rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1,
+         qa_snr_req_db=5.0) -> calibrate.Calibration:
+    """A calibration entry at one fleet size with the given constants (no fit behind it)."""
+    return calibrate.Calibration(
+        mode=mode, sends=sends, rate_factor=rate_factor, snr_offset_db=snr_offset_db, sr_slots=sr_slots,
+        train_loss=0.5, heldout_loss=0.7, uncalibrated_train_loss=9.0, uncalibrated_heldout_loss=8.0,
+        grid=((0.2, 8000.0, 23.0),), heldout_grid=(), R=(R,), area_m=(40.0, 140.0),
+        cell=dataclasses.asdict(CellConfig()), l2_config=dataclasses.asdict(L2LegacyConfig()),
+        setup={"tau": 0.05}, tau=tau, qa_snr_req_db=qa_snr_req_db if mode == "QA" else None)
+
+
+FLEET = calibrate.FleetCalibration("QA", "relaxed", (
+    _cal(32, rate_factor=0.3, snr_offset_db=-8.0, sr_slots=24, tau=0.4, qa_snr_req_db=0.0),
+    _cal(8, rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1, qa_snr_req_db=10.0)))
+
+
+def test_scaled_points_keep_the_offered_bytes_per_cell_and_drop_what_p_cannot_carry():
+    pts = calibrate.product_grid([0.1, 0.4, 0.6], [8000.0], [23.0])
+    assert calibrate.scaled_points(pts, 8, ref_R=8) == pts
+    assert calibrate.scaled_points(pts, 32, ref_R=8) == ((0.025, 8000.0, 23.0), (0.1, 8000.0, 23.0),
+                                                         (0.15, 8000.0, 23.0))
+    # at 4 robots p doubles: 0.6 -> 1.2 cannot be sent, 0.4 -> 0.8 can
+    assert calibrate.scaled_points(pts, 4, ref_R=8) == ((0.2, 8000.0, 23.0), (0.8, 8000.0, 23.0))
+    with pytest.raises(TypeError, match="R: expected one fleet size"):
+        calibrate.scaled_points(pts, 4.5, ref_R=8)
+
+
+def test_model_envs_keep_about_model_robots_per_point():
+    assert [calibrate.model_envs_for(R, 32, 16) for R in (4, 8, 16, 32, 64)] == [8, 4, 2, 1, 1]
+    assert calibrate.model_envs_for(2, 32, 6) == 6  # never more cells than the level ran
+
+
+def test_continuation_goes_outwards_from_the_reference_size():
+    order = calibrate.continuation_order([64, 4, 16, 8, 32], 8)
+    assert order == [(8, None), (16, 8), (32, 16), (64, 32), (4, 8)]
+    with pytest.raises(ValueError, match="ref_R: expected one of the fleet sizes"):
+        calibrate.continuation_order([4, 8], 16)
+
+
+def test_the_search_narrows_to_the_neighbouring_sizes_choice():
+    search = {**calibrate.SEARCH, "tau": [0.05, 0.1, 0.2, 0.3, 0.4], "qa_snr_req_db": [15.0, 10.0, 5.0, 0.0]}
+    got = _neighbour_search(search, _cal(8, sr_slots=0, tau=0.2, qa_snr_req_db=15.0), "QA")
+    assert got["sr_slots"] == [0, 8] and got["tau"] == [0.1, 0.2, 0.3] and got["refine_top"] == 1
+    assert got["qa_snr_req_db"] == [15.0]  # QA's headroom rule: the neighbour's
+    assert got["rate_factor"] == search["rate_factor"]  # cheap through the inputs: kept whole
+
+
+def test_at_gives_the_fitted_size_and_interpolates_in_log_R_between():
+    assert FLEET.R == (8, 32)
+    assert FLEET.at(8) is FLEET.fits[0] and FLEET.at(32) is FLEET.fits[1]
+    mid = FLEET.at(16)  # halfway in log R between 8 and 32
+    assert mid.R == (16,)
+    assert mid.rate_factor == pytest.approx(math.sqrt(0.6 * 0.3))
+    assert mid.snr_offset_db == pytest.approx(-6.0)
+    assert mid.sr_slots == 16 and mid.tau == pytest.approx(math.sqrt(0.1 * 0.4))
+    assert mid.qa_snr_req_db == pytest.approx(5.0)
+    assert mid.train_loss is None and mid.provenance["interpolated_between_R"] == [8, 32]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a size between the fitted ones is what they are for: no warning
+        cfg = FLEET.apply(CellConfig(), R=16)
+    assert cfg.rate_factor == pytest.approx(mid.rate_factor) and cfg.qa_sr_slots == 16
+    assert cfg.qa_snr_req_db == pytest.approx(5.0)
+    net = FLEET.model(2, 16)
+    assert net.tau == pytest.approx(mid.tau)
+    with pytest.raises(AttributeError, match=r"depends on the fleet size; use .at\(R\).tau"):
+        _ = FLEET.tau
+
+
+def test_outside_the_fitted_sizes_the_nearest_is_used_with_a_warning():
+    assert FLEET.at(100) is FLEET.fits[1] and FLEET.at(4) is FLEET.fits[0]
+    with pytest.warns(UserWarning, match=r"used outside what it was fitted for: R = 4 \(fitted for 8\)"):
+        cfg = FLEET.apply(CellConfig(), R=4)
+    assert cfg.rate_factor == 0.6
+
+
+def test_a_fleet_calibration_refuses_mixed_models_and_repeated_sizes():
+    with pytest.raises(ValueError, match="expected calibrations of \\(QA, relaxed\\) only"):
+        calibrate.FleetCalibration("QA", "relaxed", (_cal(8), _cal(16, sends="mean_field")))
+    with pytest.raises(ValueError, match="one fit per fleet size"):
+        calibrate.FleetCalibration("QA", "relaxed", (_cal(8), _cal(8, rate_factor=0.5)))
+    with pytest.raises(TypeError, match="R: expected one fleet size"):
+        FLEET.at((8, 16))
+
+
+def test_a_file_of_several_sizes_loads_as_a_fleet_calibration(tmp_path):
+    path = tmp_path / "cal.json"
+    FLEET.save(path)
+    _cal(8, mode="L1", sends="mean_field", sr_slots=16).save(path)
+    got = calibrate.Calibration.load(path, mode="QA", sends="relaxed")
+    assert isinstance(got, calibrate.FleetCalibration) and got.R == (8, 32)
+    assert got.at(16).rate_factor == pytest.approx(FLEET.at(16).rate_factor)
+    one = calibrate.Calibration.load(path, mode="L1", sends="mean_field")
+    assert isinstance(one, calibrate.Calibration) and one.at(64) is one  # one fit: the same at every R
+    # saving one size again replaces that size's entry only
+    _cal(32, rate_factor=0.2).save(path)
+    again = calibrate.Calibration.load(path, mode="QA", sends="relaxed")
+    assert again.R == (8, 32) and again.at(32).rate_factor == 0.2 and again.at(8).rate_factor == 0.6
+
+
+def test_fit_fleet_recovers_constants_that_change_with_the_fleet_size():
+    """Targets made by QAD itself with other constants at each size: each size's fit finds its own,
+    and the training loss of its own fit is the one size_losses reports."""
+    truth = {4: dict(rate_factor=0.8, snr_offset_db=-2.0, qa_sr_slots=4),
+             8: dict(rate_factor=0.5, snr_offset_db=-6.0, qa_sr_slots=16)}
+    grid = calibrate.product_grid([0.2, 0.4], [8000.0, 24000.0], [23.0])
+    grids = {R: calibrate.scaled_points(grid, R, ref_R=4) for R in truth}
+    kw = dict(envs=2, T=12, warmup=3, seed=0, lam=0.1)
+    targets = {R: {k: v[0] for k, v in calibrate.model_kpis(
+        "QA", "relaxed", calibrate.problem(grids[R], R=R, envs=2, T=12, warmup=3, seed=0).first(
+            calibrate.model_envs_for(R, 8, 2)),
+        dataclasses.replace(CellConfig(), **truth[R]), tau=0.05, lam=0.1).items()} for R in truth}
+    search = {"rate_factor": (0.5, 0.8), "snr_offset_db": (-6.0, -2.0), "sr_slots": {"QA": (4, 16)},
+              "refine_top": 1, "refine_evals": 6}
+    lines = []
+    fc = calibrate.fit_fleet("QA", "relaxed", sizes=(4, 8), ref_R=4, grids=grids, targets=targets,
+                             model_robots=8, search=search, progress=lines.append, **kw)
+    assert fc.R == (4, 8)
+    for R, c in zip(fc.R, fc.fits, strict=True):
+        assert c.sr_slots == truth[R]["qa_sr_slots"]
+        assert c.rate_factor == pytest.approx(truth[R]["rate_factor"], rel=0.05)
+        assert c.snr_offset_db == pytest.approx(truth[R]["snr_offset_db"], abs=0.5)
+        assert c.train_loss < 1e-3
+    assert any(line.startswith("R = 8: ") for line in lines)
+    assert fc.fits[0].setup["model_envs"] == 2 and fc.fits[1].setup["model_envs"] == 1
+    forms = calibrate.fleet.size_losses(fc, ref_R=4, grids=grids, targets=targets, model_robots=8, envs=2,
+                                        T=12, warmup=3, seed=0, lam=0.1)
+    assert [f["R"] for f in forms] == [4, 8] and [f["between"] for f in forms] == [None, None]
+    assert [f["line"] for f in forms] == [None, None]  # a line through two sizes is the two fits
+    for f, c in zip(forms, fc.fits, strict=True):
+        assert f["own"] == pytest.approx(c.train_loss, rel=1e-6, abs=1e-9)
+    assert forms[1]["ref"] > 10 * forms[1]["own"]  # R = 4's constants do not serve R = 8
+
+
+def test_fit_fleet_checks_its_per_size_arguments():
+    grid = calibrate.product_grid([0.2], [8000.0], [23.0])
+    with pytest.raises(ValueError, match=r"grids: expected a dict with one entry per fleet size \[4, 8\]"):
+        calibrate.fit_fleet("QA", "relaxed", sizes=(4, 8), ref_R=4, grids={4: grid})
+    with pytest.raises(ValueError, match="sends: expected one of"):
+        calibrate.fit_fleet("QA", "binary", sizes=(4,), ref_R=4, grids={4: grid})
+
+
+def test_interpolated_constants_match_a_fit_only_where_they_should():
+    """size_losses' ``between``: at a size with fitted neighbours, interpolated constants, scored on
+    that size's own points (here the truth is log-linear in R, so interpolation is exact)."""
+    fits = (_cal(4, rate_factor=0.8, snr_offset_db=0.0, sr_slots=0, tau=0.05, qa_snr_req_db=None),
+            _cal(8, rate_factor=0.4, snr_offset_db=-4.0, sr_slots=8, tau=0.05, qa_snr_req_db=None),
+            _cal(16, rate_factor=0.2, snr_offset_db=-8.0, sr_slots=16, tau=0.05, qa_snr_req_db=None))
+    fc = calibrate.FleetCalibration("QA", "relaxed", fits)
+    grid = calibrate.product_grid([0.3], [8000.0, 24000.0], [23.0])
+    grids = {R: calibrate.scaled_points(grid, R, ref_R=8) for R in fc.R}
+    kw = dict(envs=2, T=10, warmup=2, seed=1, lam=0.1, model_robots=8)
+    targets = {R: {k: v[0] for k, v in calibrate.model_kpis(
+        "QA", "relaxed", calibrate.problem(grids[R], R=R, envs=2, T=10, warmup=2, seed=1).first(
+            calibrate.model_envs_for(R, 8, 2)), c.apply(CellConfig()), tau=0.05, lam=0.1).items()}
+        for R, c in zip(fc.R, fits, strict=True)}
+    forms = calibrate.fleet.size_losses(fc, ref_R=8, grids=grids, targets=targets, **kw)
+    assert [f["between"] is None for f in forms] == [True, False, True]
+    assert forms[1]["own"] < 1e-9 and forms[1]["between"] < 1e-9  # log-linear truth: interpolation exact
+    assert max(f["line"] for f in forms) < 1e-9  # ... and so is the line through all three
+    assert forms[0]["ref"] > 1e-3 and forms[2]["ref"] > 1e-3
+    torch.testing.assert_close(torch.tensor(forms[1]["own"]), torch.tensor(forms[1]["ref"]))
