@@ -97,7 +97,8 @@ def cmaes(decisions, scorer: Scorer, budget: Budget, *, x0=None, sigma0: float =
     the candidates of all cells in one training rollout (candidate-major) and tells each cell its
     column, until ``budget``. The solution is each cell's ``result.xfavorite``.
 
-    :param objective: ``x [n E, 2 R] -> cost [n, E]`` instead of the scorer's training cost (tests).
+    :param objective: ``x [n E, 2 R] -> cost [n, E]`` (torch) instead of the scorer's training
+        cost, its ``n E`` counted as rollouts (a stand-in for the level in tests).
     """
     import cma
 
@@ -107,6 +108,7 @@ def cmaes(decisions, scorer: Scorer, budget: Budget, *, x0=None, sigma0: float =
         raise ValueError(f"x0: expected [{E}, {2 * decisions.fleet.R}], got {list(x0.shape)}")
     if not (isinstance(sigma0, (int, float)) and 0 < sigma0 <= 1):
         raise ValueError(f"sigma0: expected a step in (0, 1] of the unit cube, got {sigma0!r}")
+    custom = objective is not None
     objective = objective or (lambda x: scorer.train(decisions.from_unit(x)))
     ess = [cma.CMAEvolutionStrategy(x0[e].tolist(), float(sigma0), _cma_options(seed, e)) for e in range(E)]
     run = run or Run(scorer, budget)
@@ -116,6 +118,8 @@ def cmaes(decisions, scorer: Scorer, budget: Budget, *, x0=None, sigma0: float =
     while not run.exhausted(next_rollouts=ess[0].popsize * E):
         cands = [np.asarray(es.ask()) for es in ess]  # E x [n, d]
         costs = objective(np.stack(cands, 1).reshape(-1, x0.shape[1])).numpy()  # [n, E]
+        if custom:
+            run.charge(costs.size)
         for e, es in enumerate(ess):
             es.tell(list(cands[e]), costs[:, e].tolist())
         gens += 1

@@ -105,7 +105,7 @@ class Run:
         self.scorer, self.budget = scorer, budget
         self.offset_s, self.offset_rollouts = float(offset_s), int(offset_rollouts)
         self._t0, self._paused = time.perf_counter(), 0.0
-        self._r0 = scorer.rollouts
+        self._r0, self._charged = scorer.rollouts, 0
         self.trace: list[dict] = []
 
     @property
@@ -114,7 +114,11 @@ class Run:
 
     @property
     def rollouts(self) -> int:
-        return self.offset_rollouts + self.scorer.rollouts - self._r0
+        return self.offset_rollouts + self._charged + self.scorer.rollouts - self._r0
+
+    def charge(self, rollouts: int) -> None:
+        """Count ``rollouts`` cell-rollouts spent outside the scorer (a caller's own objective)."""
+        self._charged += int(rollouts)
 
     def exhausted(self, next_rollouts: int = 0) -> bool:
         """Whether the budget is spent, or the next ``next_rollouts`` would overrun it."""
