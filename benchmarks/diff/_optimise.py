@@ -14,56 +14,20 @@ Cost per env (lower is better), the same on every model:
 import math
 import time
 
-import numpy as np
-import scipy.stats
 import torch
 from tqdm import tqdm
 
+# The cost, scoring, schedule and bounds are the library's (isaac_net.optimise), one copy; the
+# stage scripts and tests take anneal, bounded and unbounded from here.
+from isaac_net.optimise.cost import discrete_score, env_cost, env_kpis, paired_diff
+from isaac_net.optimise.gradient import anneal, bounded, fluid_cost, gradient_descent, unbounded  # noqa: F401
+
 try:
-    from _common import KPIS, cell_config, generator
+    from _common import cell_config, generator
     from _plots import optimisation
 except ImportError:  # imported as benchmarks.diff._optimise (tests)
-    from benchmarks.diff._common import KPIS, cell_config, generator
+    from benchmarks.diff._common import cell_config, generator
     from benchmarks.diff._plots import optimisation
-
-
-def env_kpis(res: dict) -> dict:
-    """Per-env KPIs ``[E]`` from a rollout's per-robot totals (the KPI registry's batch reductions)."""
-    from isaac_net.core.kpi import grouped_batch_kpis
-
-    return grouped_batch_kpis(res, res["offered"].shape[0])
-
-
-def env_cost(k: dict, c: dict) -> torch.Tensor:
-    """The cost ``[E]`` of per-env KPIs ``k`` under the cost config ``c``."""
-    w = c["weights"]
-    shortfall = torch.clamp(float(c["delivery_min"]) - k["delivery_ratio"], min=0.0)
-    return (w["mean_delay"] * k["mean_delay"] + w["mean_aoi"] * k["mean_aoi"]
-            + w["mean_energy_j"] * k["mean_energy_j"] + float(c["penalty"]) * shortfall)
-
-
-def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
-    """Per-env KPIs ``[E]`` (on the CPU, float64) of decisions ``dec`` (``p, B, pos, tx_dbm``)
-    on a discrete level with send uniforms ``u``; envs in chunks of ``chunk``."""
-    from isaac_net.core.diff.reference import discrete_rollout
-
-    E = dec["p"].shape[0]
-    chunk = E if chunk is None else int(chunk)
-    parts = []
-    for s in range(0, E, chunk):
-        sl = slice(s, s + chunk)
-        res = discrete_rollout(level, T, dec["p"][sl], dec["B"][sl], pos=dec["pos"][sl],
-                               tx_dbm=dec["tx_dbm"][sl], warmup=warmup, u=u[:, sl], cfg=cfg, dtype=dtype,
-                               seed=seed, device=dec["p"].device)
-        parts.append(env_kpis(res))
-    return {k: torch.cat([p[k] for p in parts]).cpu().double() for k in KPIS}
-
-
-def anneal(tau_start: float, tau_end: float, i: int, n: int, tau_min: float = 0.0) -> float:
-    """Geometric schedule from ``tau_start`` (i = 0) to ``tau_end`` (i = n - 1), not below ``tau_min``."""
-    if n <= 1:
-        return max(tau_end, tau_min)
-    return max(tau_start * (tau_end / tau_start) ** (i / (n - 1)), tau_min)
 
 
 def scenario(E: int, R: int, params: dict, dtype, device="cpu") -> dict:
@@ -80,15 +44,6 @@ def scenario(E: int, R: int, params: dict, dtype, device="cpu") -> dict:
                              dtype=dtype),
     }
     return {k: v.to(device) for k, v in sc.items()}
-
-
-def bounded(theta: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    return lo + (hi - lo) * torch.sigmoid(theta)
-
-
-def unbounded(x: float, lo: float, hi: float) -> float:
-    z = (x - lo) / (hi - lo)
-    return math.log(z / (1.0 - z))
 
 
 def model_name(spec: dict) -> str:
@@ -117,45 +72,27 @@ def gradient_opt(sc: dict, params: dict, decisions, spec: dict, *, cfg, level_cf
     not below ``tau_min`` (a calibrated model's fitted temperature: colder, it leaves the operating
     point it was fitted at). ``decisions(theta) -> dec``; returns the final decisions and a
     history of (iteration, model cost, tau[, held-out cost on ``level``])."""
-    from isaac_net.core.diff import DiffFluid, rollout
-
-    dtype, dev = sc["B"].dtype, sc["B"].device
-    E, R = sc["B"].shape
-    theta = decisions.init()
-    opt = torch.optim.Adam(theta.values(), lr=float(params["lr"]))
+    dtype = sc["B"].dtype
     gen = generator(int(params["seed"]) + 1)
-    n_it, score_every = int(params["iters"]), int(params["score_every"])
-    hist = []
-    name = model_name(spec)
-    it = range(n_it) if not progress else tqdm(range(n_it), desc=name, mininterval=2.0)
-    for i in it:
-        tau = anneal(float(params["tau_start"]), float(params["tau_end"]), i, n_it, tau_min)
-        dec = decisions(theta)
-        if spec.get("proxy"):
-            cost = _proxy_cost(proxy, dec, cfg, params["cost"])
-        else:
-            net = DiffFluid(E, R, dev, mode=spec["mode"], tau=tau, cfg=cfg, dtype=dtype,
-                            compile=spec["mode"] in params.get("compile", []))
-            u = torch.rand(params["T"], E, R, generator=gen, dtype=dtype).to(dev)
-            res = rollout(net, int(params["T"]), dec["p"], dec["B"], pos=dec["pos"], tx_dbm=dec["tx_dbm"],
-                          warmup=int(params["warmup"]), sends=spec["sends"],
-                          u=u if spec["sends"] != "mean_field" else None, lam=float(params["lam"]))
-            cost = env_cost(env_kpis(res), params["cost"])
-        cost = cost + decisions.extra_cost(dec)
-        opt.zero_grad()
-        cost.sum().backward()
-        opt.step()
-        row = {"iter": i, "tau": tau, "model_cost": float(cost.detach().mean())}
-        if score_every and (i % score_every == 0 or i == n_it - 1):
-            with torch.no_grad():
-                d = {k: v.detach() for k, v in decisions(theta).items()}
-            k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), d,
-                               sc["u_test"], cfg=level_cfg, seed=int(params["seed"]) + 7, dtype=dtype)
-            cost_d = env_cost(k, params["cost"]) + decisions.extra_cost(d).cpu()
-            row["level_cost_heldout"] = float(cost_d.mean())
-        hist.append(row)
-    with torch.no_grad():
-        return {k: v.detach() for k, v in decisions(theta).items()}, hist
+    n_it, name = int(params["iters"]), model_name(spec)
+    if spec.get("proxy"):
+        def model_cost(dec, tau):
+            return _proxy_cost(proxy, dec, cfg, params["cost"])
+    else:
+        model_cost = fluid_cost(lambda res: env_cost(env_kpis(res), params["cost"]), mode=spec["mode"],
+                                cfg=cfg, sends=spec["sends"], T=int(params["T"]),
+                                warmup=int(params["warmup"]), lam=float(params["lam"]), generator=gen,
+                                compile=spec["mode"] in params.get("compile", []))
+
+    def score(d):
+        k = discrete_score(params["level"], int(params["T_eval"]), int(params["warmup_eval"]), d,
+                           sc["u_test"], cfg=level_cfg, seed=int(params["seed"]) + 7, dtype=dtype)
+        return env_cost(k, params["cost"]) + decisions.extra_cost(d).cpu()
+
+    return gradient_descent(decisions, model_cost, iters=n_it, lr=float(params["lr"]),
+                            tau_start=float(params["tau_start"]), tau_end=float(params["tau_end"]),
+                            tau_min=tau_min, score=score, score_every=int(params["score_every"]),
+                            progress=None if not progress else lambda r: tqdm(r, desc=name, mininterval=2.0))
 
 
 def random_search(sc: dict, params: dict, decisions, progress=True, *, level_cfg=None) -> dict:
@@ -228,16 +165,6 @@ def score_all(sc: dict, params: dict, sols: dict, extra_cost, *, level_cfg=None)
         rows.append({"solution": name, "cost": float(cost.mean()), "cost_median": float(cost.median()),
                      **{kk: float(v.mean()) for kk, v in k.items()}, "_env_cost": cost})
     return rows
-
-
-def paired_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over envs and its paired percentile bootstrap 95 % interval."""
-    d = (a - b).numpy()
-    if len(d) < 2 or float(np.ptp(d)) == 0.0:
-        return float(d.mean()), float(d.mean()), float(d.mean())
-    res = scipy.stats.bootstrap((d,), np.mean, n_resamples=n_boot, confidence_level=0.95, method="percentile",
-                                random_state=np.random.default_rng(seed))
-    return float(d.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def load_proxy(path, params: dict, cfg):
