@@ -68,6 +68,7 @@ def gradient(decisions, scorer: Scorer, budget: Budget, *, calibration=None, mod
     cfg = CellConfig() if cfg is None else cfg
     tau_min = 0.0
     if calibration is not None:
+        calibration = calibration.at(fleet.R)  # a FleetCalibration: the constants for this fleet size
         mode, sends, tau_min = calibration.mode, calibration.sends, calibration.tau
         cfg = calibration.apply(cfg, R=fleet.R)
     name = name or f"gradient, {mode}D {sends.replace('_', '-')}" + (", calibrated" if calibration else "")
