@@ -139,6 +139,8 @@ def test_fit_fleet_recovers_constants_that_change_with_the_fleet_size():
         assert c.train_loss < 1e-3
     assert any(line.startswith("R = 8: ") for line in lines)
     assert fc.fits[0].setup["model_envs"] == 2 and fc.fits[1].setup["model_envs"] == 1
+    assert fc.fits[0].setup["continued_from_R"] is None and fc.fits[1].setup["continued_from_R"] == 4
+    assert all(c.setup["wall_fit_s"] > 0 for c in fc.fits)
     forms = calibrate.fleet.size_losses(fc, ref_R=4, grids=grids, targets=targets, model_robots=8, envs=2,
                                         T=12, warmup=3, seed=0, lam=0.1)
     assert [f["R"] for f in forms] == [4, 8] and [f["between"] for f in forms] == [None, None]

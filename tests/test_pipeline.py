@@ -270,11 +270,12 @@ def calibration_artifact() -> dict:
                                             "snr_offset_db": -2.7,
                                             "train_loss": 0.25, "worst_error": 6.5e6, "kpi": "delivery_ratio",
                                             "point": [0.1, 6000.0, 23.0]}]}}
-    forms = {"loss_own": 0.257, "loss_ref_constants": 0.257, "loss_line": None, "loss_interpolated": None}
+    forms = {"loss_own": 0.257, "loss_ref_constants": 0.257, "loss_line": None, "loss_interpolated": None,
+             "fit_s": 55.0}
     fleet = [{**row, **forms},
              {**row, "R": 16, "train_points": 4, "model_envs": 2, "rate_factor": 0.397,
               "snr_offset_db": -3.4, "tau": 0.3, "train_loss": 0.318, "heldout_loss": 0.29, "loss_own": 0.318,
-              "loss_ref_constants": 1.73, "loss_line": None, "loss_interpolated": None}]
+              "loss_ref_constants": 1.73, "loss_line": None, "loss_interpolated": None, "fit_s": 41.5}]
     return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
             "summary": {"models": 1, "grid_points": 4, "heldout_points": 1, "envs_per_point": 16,
                         "model_envs_per_point": 4, "model_robots": 32, "R": 8, "fleet_sizes": 2, "R_min": 8,
@@ -471,7 +472,7 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.at(R).tau, '
             'cfg=cal.apply(CellConfig(), R=R))`') in cal
     assert ("| L1D relaxed | 16 | 4 | 0.397 | -3.4 | 16 | – | 0.3 | 18.1 | 0.318 | 1.73 | – | – | 24.6 | "
-            "0.29 |") in cal
+            "0.29 | 41.5 |") in cal
     assert ("At R = 16 the constants of R = 8 give training losses of 1.73–1.73 against 0.318–0.318 of the "
             "size's own fit.") in cal
     assert ("(half step 0.02 in p, on the same sends) and takes the error |autograd − FD| / "

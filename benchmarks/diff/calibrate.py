@@ -163,7 +163,8 @@ def _row(c: dict) -> dict:
             "model_envs": c["setup"]["model_envs"],
             "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],
             "heldout_loss_uncalibrated": c["uncalibrated_heldout_loss"], "heldout_loss": c["heldout_loss"],
-            "evaluations": c["setup"]["evaluations"], "gradient_check": c["gradient_check"]}
+            "evaluations": c["setup"]["evaluations"], "fit_s": c["setup"].get("wall_fit_s"),
+            "gradient_check": c["gradient_check"]}
 
 
 def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,7 +199,8 @@ def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts
               progress: bool | Callable[[str], None] = False, **kwargs) -> FleetCalibration:
     """Fit ``(mode, sends)`` at every fleet size of ``sizes`` (:func:`fit` per size), by continuation
     from ``ref_R`` (:func:`continuation_order`): the reference size with the whole search, each other
-    size with it narrowed around its fitted neighbour's choice (:func:`_neighbour_search`).
+    size with it narrowed around its fitted neighbour's choice (:func:`_neighbour_search`). Each
+    size's ``setup`` records its fit time (``wall_fit_s``) and the size it continued from.
 
     :param grids, heldouts: ``{R: points}`` per size (e.g. :func:`scaled_points`).
     :param model_robots: about this many robots per point through the model
@@ -221,11 +223,15 @@ def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts
     for R, neighbour in order:
         sp = full if neighbour is None else _neighbour_search(full, fitted[neighbour], mode)
         report = progress if not callable(progress) else (lambda line, R=R: progress(f"R = {R}: {line}"))
-        fitted[R] = fit(mode, sends, grid=grids[R], heldout=(heldouts or {}).get(R, ()), R=R,
-                        envs=envs, model_envs=model_envs_for(R, model_robots, envs),
-                        targets=None if targets is None else targets[R],
-                        heldout_targets=None if heldout_targets is None else heldout_targets[R],
-                        search={k: v for k, v in sp.items() if k in SEARCH}, progress=report, **kwargs)
+        t0 = time.perf_counter()
+        cal = fit(mode, sends, grid=grids[R], heldout=(heldouts or {}).get(R, ()), R=R,
+                  envs=envs, model_envs=model_envs_for(R, model_robots, envs),
+                  targets=None if targets is None else targets[R],
+                  heldout_targets=None if heldout_targets is None else heldout_targets[R],
+                  search={k: v for k, v in sp.items() if k in SEARCH}, progress=report, **kwargs)
+        # The size's own fit time (its targets measured apart): what a user pays for this size.
+        fitted[R] = dataclasses.replace(cal, setup={**cal.setup, "wall_fit_s": time.perf_counter() - t0,
+                                                    "continued_from_R": neighbour})
     return FleetCalibration(mode, sends, tuple(fitted.values()))
 
 
