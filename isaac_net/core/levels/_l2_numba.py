@@ -4,10 +4,15 @@ Below a few hundred cells an eager L2-legacy step is per-op overhead (about 190 
 slot, 40 slots a step). Here the whole slot loop of a step (every slot, env and robot) is one call of
 :func:`_step_kernel`, a numba function over numpy views of the level's CPU tensors, written in place.
 It is the eager loop (:meth:`~.l2_legacy.NetL2Legacy._serve_eager`) element by element, in the
-level's dtype, with the same comparisons deciding the events. What stays in torch: the queue in age
-order, the step's random numbers (drawn by the level's generator in its order), the channel and the
-gNB's estimate per fading block (:meth:`~.l2_legacy.NetL2Legacy._slot_channels`), and the end of the
-step. So one seed gives the events of the eager loop.
+level's dtype, with the same comparisons deciding the events. The base class's bookkeeping of the
+step is two more kernels around it (:func:`step`): :func:`_open_kernel` (capture, the queue in age
+order, the per-message state of the messages gone cleared) and :func:`_close_kernel` (the bytes in
+HARQ, deliveries, delays, timeouts, the queue compacted, AoI, energy, every per-message field one step
+older, the counters). What stays in torch: the inputs' checks, the step's random numbers (drawn by
+the level's generator in its order), the channel and the gNB's estimate per fading block
+(:meth:`~.l2_legacy.NetL2Legacy._slot_channels`). So one seed gives the events of the eager step.
+Byte counts are whole numbers (exact in any order of addition); delays and energies are computed in
+the level's dtype as the eager step does, their sums over a robot's messages in queue order.
 
 Floating point: the sums over subbands add in the order ATen's CPU reduction does (SIMD lanes, then
 the lanes in order; :func:`_aten_sum`), the PF average is ATen's ``lerp`` (one fused multiply-add).
@@ -18,9 +23,6 @@ only if a uniform or a threshold falls within that ulp.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numba
 import numpy as np
 import torch
@@ -28,12 +30,16 @@ from llvmlite import ir
 from numba.extending import intrinsic
 
 from isaac_net.core import radio
+from isaac_net.core.kpi import KPI_KEYS
 from isaac_net.core.levels import l2_mechanisms as mech
-from isaac_net.core.levels.l2_legacy import messages_by_age
+from isaac_net.core.levels.base import Queue
+from isaac_net.core.levels.l2_legacy import L2State
 
 # The per-robot counts of a step (``counts`` ``[len(COUNTS), E, R]``): the level's counters and the
 # slots each robot transmitted in (the energy).
 COUNTS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr", "tx_slots")
+# The per-message fields of L2State (the last index: the message's age), in the kernels' order.
+PER_MESSAGE = ("pending", "held", "rlc_cnt", "round_slot", "hq_content")
 # The float constants, in this order, as one array of the level's dtype.
 CONSTS = ("bler_c", "olla_up_db", "olla_down_db", "olla_max_db", "pf_weight", "sr_grant_bytes", "avg_floor",
           "sinr_floor_lin", "ten")
@@ -442,6 +448,161 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                    olla_db, avg_thr, est, scratch)
 
 
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _open_kernel(t, t_now, consts, send, msg_bytes, q_old, q_cap, msgs_old, msgs, unsched, bytes_,
+                 finish_slot, usable, kpis):
+    """The start of step ``t`` (``t_now``: the level's device counter, the generation step of a message
+    captured now): the base class's capture into ``q_cap`` (the queue ``q_old`` plus a message where
+    ``send`` and not full; ``(bytes, size, gen, length)``, ``[E, R(, F)]``), the queue in age order
+    (:func:`~.l2_legacy.messages_by_age`: ``bytes_``, ``usable`` ``[E, R, A]``), the per-message fields
+    ``msgs_old`` of the messages gone cleared into ``msgs`` (``L2State.forget``; :data:`PER_MESSAGE`),
+    the bytes not yet in a TB nor held by RLC (``unsched``), ``finish_slot`` -1; ``kpis`` rows
+    ``offered`` and ``overflow``."""
+    qb_old, qs_old, qg_old, ql_old = q_old
+    qb, qs, qg, ql = q_cap
+    E, R, F = qb.shape
+    A = bytes_.shape[2]
+    zero, one = consts[0] - consts[0], consts[0] / consts[0]
+    for e in range(E):
+        for r in range(R):
+            n = ql_old[e, r]
+            for j in range(F):
+                qb[e, r, j], qs[e, r, j], qg[e, r, j] = qb_old[e, r, j], qs_old[e, r, j], qg_old[e, r, j]
+            is_full = n >= F
+            kpis[0, e, r] = one if send[e, r] else zero
+            kpis[4, e, r] = one if send[e, r] and is_full else zero
+            if send[e, r] and not is_full:  # captured at the tail
+                qb[e, r, n], qs[e, r, n], qg[e, r, n] = msg_bytes[e, r], msg_bytes[e, r], t_now
+                n += 1
+            ql[e, r] = n
+            for a in range(A):
+                bytes_[e, r, a], usable[e, r, a], finish_slot[e, r, a] = zero, False, -1
+            for j in range(n):  # whole bytes, at index A - 1 - age
+                a = A - 1 - (t - qg[e, r, j])
+                bytes_[e, r, a], usable[e, r, a] = np.ceil(qb[e, r, j]), True
+    _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable):
+    """``msgs_old`` times the 0/1 mask of the live messages (``usable``) into ``msgs`` (the values of
+    ``L2State.forget``), ``unsched`` from them, ``bytes_`` +inf where no message is. The rings
+    ``[D or P, E, R, A]`` are walked in memory order (a ring entry at a time)."""
+    pending_old, held_old, rlc_old, round_old, content_old = msgs_old
+    pending, held, rlc_cnt, round_slot, content = msgs
+    E, R, A = bytes_.shape
+    for e in range(E):
+        for r in range(R):
+            for a in range(A):
+                keep_n = 1 if usable[e, r, a] else 0
+                pending[e, r, a] = pending_old[e, r, a] * (one if usable[e, r, a] else zero)
+                rlc_cnt[e, r, a] = rlc_old[e, r, a] * keep_n
+                round_slot[e, r, a] = round_old[e, r, a] * keep_n
+                unsched[e, r, a] = bytes_[e, r, a] - pending[e, r, a]
+    for d in range(held.shape[0]):  # (whole bytes: the sum over the ring is exact in any order)
+        for e in range(E):
+            for r in range(R):
+                for a in range(A):
+                    held[d, e, r, a] = held_old[d, e, r, a] * (one if usable[e, r, a] else zero)
+                    unsched[e, r, a] -= held[d, e, r, a]
+    for p in range(content.shape[0]):
+        for e in range(E):
+            for r in range(R):
+                for a in range(A):
+                    content[p, e, r, a] = content_old[p, e, r, a] * (one if usable[e, r, a] else zero)
+    for e in range(E):
+        for r in range(R):
+            for a in range(A):
+                if not usable[e, r, a]:  # +inf: can no longer complete
+                    bytes_[e, r, a] = np.inf
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, fresh_old, fresh_gen, msgs,
+                  unsched, bytes_, finish_slot, usable, counts, counters, kpis):
+    """The end of step ``t``: the bytes in HARQ carried on (``pending``), then the base class's
+    bookkeeping (``L2-legacy``'s ``_close_step`` and ``DiscreteLevel._step``): deliveries, their delays
+    and bytes, timeouts and RLC losses, the queue ``q_cap`` compacted into ``q_new``, the freshest
+    delivery ``fresh_gen`` (from ``fresh_old``), every per-message field one step older, the step's
+    ``counts`` added to ``counters``, and the rest of ``kpis`` (``[len(KPI_KEYS), E, R]``).
+    ``step_times``: ``(slot_s, step_s)`` in the level's dtype; ``watts`` ``[E, R]`` transmit power."""
+    pending, held = msgs[0], msgs[1]
+    E, R, A = bytes_.shape
+    zero = consts[0] - consts[0]
+    slot_s = step_times[0]
+    for e in range(E):
+        for r in range(R):
+            for a in range(A):  # what a message still has in HARQ: not acked, not to resend, not held
+                b = bytes_[e, r, a] if usable[e, r, a] and finish_slot[e, r, a] < 0 else zero
+                bytes_[e, r, a] = b
+                pending[e, r, a] = b - unsched[e, r, a]
+    for d in range(held.shape[0]):  # (whole bytes: exact in any order)
+        for e in range(E):
+            for r in range(R):
+                for a in range(A):
+                    pending[e, r, a] -= held[d, e, r, a]
+    for e in range(E):
+        for r in range(R):
+            _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen,
+                         bytes_, finish_slot, usable, kpis)
+            kpis[5, e, r] = t_now + 1 - fresh_gen[e, r]  # AoI at the end of the step
+            kpis[6, e, r] = watts[e, r] * (step_times.dtype.type(counts[-1, e, r]) * slot_s)
+            for c in range(len(counters)):
+                counters[c][e, r] += counts[c, e, r]
+    _age(msgs[0].reshape(-1, A), zero)  # every per-message field one step older (L2State.aged)
+    _age(msgs[1].reshape(-1, A), zero)
+    _age(msgs[4].reshape(-1, A), zero)
+    _age(msgs[2].reshape(-1, A), 0)
+    _age(msgs[3].reshape(-1, A), 0)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen, bytes_,
+                 finish_slot, usable, kpis):
+    """Robot ``r`` of env ``e`` at the end of step ``t``: each queued message delivered (its delay and
+    bytes), dropped (its deadline reached, or lost by RLC) or kept, oldest first, in ``q_new``; the
+    freshest delivery; ``kpis`` rows ``delivered``, ``delay_sum``, ``timeouts``, ``throughput`` and
+    ``queued_msgs``."""
+    qb, qs, qg, ql = q_cap
+    nb, ns, ng, nl = q_new
+    A, F = bytes_.shape[2], qb.shape[2]
+    slot_s, step_s, as_dt = step_times[0], step_times[1], step_times.dtype.type
+    delivered, timeouts, kept = 0, 0, 0
+    delay_sum, size_sum, fresh = zero, zero, fresh_old[e, r]
+    for j in range(ql[e, r]):
+        gen = qg[e, r, j]
+        a = A - 1 - (t - gen)
+        if finish_slot[e, r, a] >= 0:  # delivered in slot finish_slot
+            # in the level's dtype, as the eager step: age + (finish_slot + 1) * slot_s / step_s
+            finish_s = as_dt(finish_slot[e, r, a] + 1) * slot_s
+            delay_sum += as_dt(t_now - gen) + finish_s / step_s
+            size_sum += qs[e, r, j]
+            delivered += 1
+            fresh = max(fresh, gen)
+        elif not usable[e, r, a] or t_now - gen + 1 >= deadline[e, r]:
+            timeouts += 1
+        else:
+            nb[e, r, kept], ns[e, r, kept], ng[e, r, kept] = bytes_[e, r, a], qs[e, r, j], gen
+            kept += 1
+    for j in range(kept, F):
+        nb[e, r, j], ns[e, r, j], ng[e, r, j] = zero, zero, 0
+    nl[e, r] = kept
+    fresh_gen[e, r] = fresh
+    kpis[1, e, r], kpis[2, e, r], kpis[3, e, r] = delivered, delay_sum, timeouts
+    kpis[7, e, r], kpis[8, e, r] = size_sum / step_s, kept
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _age(rows, zero):
+    """Each row ``[A]`` of ``rows`` one step older (``L2State.aged``): index ``a`` takes ``a + 1``'s
+    value, the newest is empty."""
+    n, A = rows.shape
+    for i in range(n):
+        for a in range(A - 1):
+            rows[i, a] = rows[i, a + 1]
+        rows[i, A - 1] = zero
+
+
 def available(device: torch.device) -> bool:
     """The kernel runs on the CPU only (numpy views of the tensors)."""
     return device.type == "cpu"
@@ -467,6 +628,8 @@ def constants(level) -> dict:
     return {
         "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
         "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
+        # The slot and the step, s, as the eager step's tensor arithmetic rounds them (to its dtype).
+        "step_times": torch.tensor([cfg.slot_s, cfg.step_s], dtype=dt).numpy(),
         "tables": tuple(x.detach().cpu().clone().numpy() for x in (
             level._bler_b, level._sel_db, level._tbs_per_sb,
             torch.arange(cfg.num_subbands + 1, dtype=dt), level._sr_occasion)),
@@ -514,21 +677,55 @@ def _by_block(values: list) -> tuple[list, np.ndarray]:
     return distinct, np.array(of_slot, dtype=np.int64)
 
 
-def serve(level, q, ctx):
-    """``level``'s step through the kernel: the eager loop's draws and events."""
-    cfg, inputs = level.cfg, level._slot_inputs
-    E, R, A, t = level.E, level.R, cfg.timeout_steps, ctx.t
-    idx, bytes_, live = messages_by_age(q, t, A)
-    st = level.l2_state.forget(~live)
-    # The kernel writes the state in place: each field contiguous (a no-op unless load_state gave a
-    # strided one), the [E, R] fields this step's own (a state() taken before keeps its values).
-    st = L2StateView.own(st)
-    unsched = bytes_ - st.pending - st.held.sum(0)  # bytes not yet in any TB nor held by RLC
-    bytes_ = bytes_.masked_fill(~live, math.inf)  # +inf: can no longer complete
-    usable = live.clone()
-    finish_slot = torch.full((E, R, A), -1, dtype=torch.long)
+def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+    """``level``'s control step (``DiscreteLevel._step``: capture, service, ageing, timeouts, KPIs) with
+    its bookkeeping in :func:`_open_kernel` and :func:`_close_kernel` around the slot loop
+    :func:`_step_kernel`: the eager step's draws and events. Inputs as ``DiscreteLevel._step``'s,
+    ``[E, R]`` each; :output: the KPI dict, ``[E, R]`` each."""
+    inputs, dt, t, t_now = level._slot_inputs, level.dtype, level.t, int(level.t_now)
+    E, R, A = level.E, level.R, level.cfg.timeout_steps
+    # What the kernels write is this step's own (a state() taken before keeps its values) but for the
+    # rings and the counters, written in place as in the eager step; each contiguous (one signature).
+    q = level.queue
+    q_old = tuple(x.contiguous() for x in (q.bytes, q.size, q.gen, q.length))
+    # the queue after capture, after the step
+    q_cap, q_new = (tuple(torch.empty_like(x) for x in q_old) for _ in range(2))
+    st = {k: v.contiguous() for k, v in level.l2_state.tensors().items()}
+    msgs_old = tuple(st[k] for k in PER_MESSAGE)
+    st.update({k: torch.empty_like(st[k]) for k in PER_MESSAGE})
+    st.update({k: st[k].clone() for k in L2StateView.OWN})
+    msgs = tuple(st[k].numpy() for k in PER_MESSAGE)
+    for k, v in level.counters.items():
+        level.counters[k] = v.contiguous()
+    work = (torch.empty(E, R, A, dtype=dt), torch.empty(E, R, A, dtype=dt),  # unsched, bytes_
+            torch.empty(E, R, A, dtype=torch.long), torch.empty(E, R, A, dtype=torch.bool))  # finish, usable
+    work_np = tuple(x.numpy() for x in work)
+    kpis = torch.empty(len(KPI_KEYS), E, R, dtype=dt)
+    _open_kernel(t, t_now, inputs["consts"], send.contiguous().numpy(), msg_bytes.contiguous().numpy(),
+                 _np(q_old), _np(q_cap), _np(msgs_old), msgs, *work_np, kpis.numpy())
+    counts = _slots(level, t, snr_db, st, work_np)
+    fresh_gen = torch.empty_like(level.fresh_gen)
+    _close_kernel(t, t_now, inputs["consts"], inputs["step_times"], deadline.contiguous().numpy(),
+                  radio.dbm_to_w(tx_dbm).contiguous().numpy(), _np(q_cap), _np(q_new),
+                  level.fresh_gen.contiguous().numpy(), fresh_gen.numpy(), msgs, *work_np, counts,
+                  tuple(level.counters[k].numpy() for k in COUNTS[:-1]), kpis.numpy())
+    level.queue, level.fresh_gen, level.l2_state = Queue(*q_new), fresh_gen, L2State(**st)
+    level.t, level.t_now = t + 1, level.t_now + 1
+    return dict(zip(KPI_KEYS, kpis, strict=True))
 
-    snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
+
+def _np(tensors: tuple) -> tuple:
+    """numpy views of CPU tensors."""
+    return tuple(x.numpy() for x in tensors)
+
+
+def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.ndarray:
+    """The slot loop of step ``t``: the step's draws, the channel and the estimates in torch (the eager
+    order), then :func:`_step_kernel` on ``st`` (the :class:`~.l2_legacy.L2State` fields by name) and
+    ``work`` (``unsched``, ``bytes_``, ``finish_slot``, ``usable``). :output: ``counts``
+    ``[len(COUNTS), E, R]`` int64."""
+    inputs, cfg, E, R = level._slot_inputs, level.cfg, level.E, level.R
+    snr3 = radio.db_to_lin(snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
     uniforms, block_starts, new_blocks = level._draw_step(t)
     nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
     slots = list(level._slot_channels(t, snr3, block_starts, new_blocks, estimate=estimate))
@@ -536,7 +733,7 @@ def serve(level, q, ctx):
     est, est_of_slot = _by_block([x[3] for x in slots])
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
     counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
-    S, dt = cfg.num_subbands, inputs["consts"].dtype
+    A, S, dt = cfg.timeout_steps, cfg.num_subbands, inputs["consts"].dtype
     scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
                np.empty(A, dt), np.empty(S, np.bool_),
@@ -545,15 +742,9 @@ def serve(level, q, ctx):
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
-                 nack_below.numpy(), torch.stack(rx).numpy(),
-                 rx_of_slot, *(x.numpy() for x in est), est_of_slot,
-                 *(x.numpy() for x in (unsched, bytes_, finish_slot, usable)),
-                 *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
-    counts = torch.from_numpy(counts)
-    for key, c in zip(COUNTS, counts, strict=True):
-        if key in level.counters:
-            level.counters[key] += c
-    return level._close_step(q, st, idx, live, usable, bytes_, unsched, finish_slot, counts[-1])
+                 nack_below.numpy(), torch.stack(rx).numpy(), rx_of_slot, *(x.numpy() for x in est),
+                 est_of_slot, *work, *(st[f].numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
+    return counts
 
 
 class L2StateView:
@@ -563,10 +754,4 @@ class L2StateView:
     KERNEL_FIELDS = ("rlc_cnt", "round_slot", "held", "hq_active", "hq_content", "hq_sb", "hq_mcs", "hq_acc",
                      "hq_ntx", "hq_first", "gr_sb", "gr_mcs", "gr_tbs", "known", "outstanding", "olla_db",
                      "avg_thr")
-    OWN = ("known", "outstanding", "olla_db", "avg_thr")
-
-    @classmethod
-    def own(cls, st):
-        """``st`` with contiguous fields and the per-robot ``[E, R]`` fields copied."""
-        fields = {k: (v.clone() if k in cls.OWN else v.contiguous()) for k, v in st.tensors().items()}
-        return dataclasses.replace(st, **fields)
+    OWN = ("known", "outstanding", "olla_db", "avg_thr")  # [E, R], copied per step (written in place)

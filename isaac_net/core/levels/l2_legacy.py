@@ -579,11 +579,14 @@ class NetL2Legacy(DiscreteLevel):
                         mech.to_envs_last(cap), max_sb.t().contiguous())
 
     # ------------------------------------------------------------------ service
-    def _serve(self, q: Queue, ctx: StepContext) -> Service:
-        if self.slot_loop == "numba" and self.trace is None:
+    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+        if self.slot_loop == "numba" and self.trace is None:  # the whole step in numba kernels
             from isaac_net.core.levels import _l2_numba
 
-            return _l2_numba.serve(self, q, ctx)
+            return _l2_numba.step(self, send, msg_bytes, snr_db, tx_dbm, deadline)
+        return super()._step(send, msg_bytes, snr_db, tx_dbm, deadline)
+
+    def _serve(self, q: Queue, ctx: StepContext) -> Service:
         return self._serve_eager(q, ctx)
 
     def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor,
