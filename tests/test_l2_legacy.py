@@ -754,6 +754,41 @@ def test_numba_step_leaves_an_earlier_state_as_it_was():
         assert torch.equal(v, copy[k]), k
 
 
+@pytest.mark.parametrize("S", [1, 2, 5, 8, 12, 16])
+def test_numba_subband_order_is_torchs(S):
+    """The estimate's subband order (up to 16 subbands, numba's insertion sort) is torch.argsort's,
+    ties included (capped spectral efficiencies tie often)."""
+    from isaac_net.core.levels import _l2_numba
+
+    assert S <= _l2_numba.SORT_BY_INSERTION_MAX
+    g = torch.Generator().manual_seed(S)
+    for dtype in (torch.float32, torch.float64):
+        se = torch.randint(0, 4, (500, S), generator=g).to(dtype) / 3  # ties
+        se[:100] = torch.rand(100, S, generator=g, dtype=dtype)
+        order = torch.empty(500, S, dtype=torch.long)
+        _l2_numba._argsort_descending(se.numpy(), order.numpy())
+        assert torch.equal(order, torch.argsort(se, dim=-1, descending=True))
+
+
+@pytest.mark.parametrize("seed,E,R,dtype", _NUMBA_CASES[:4])
+def test_an_idle_harq_process_is_empty(seed, E, R, dtype):
+    """What the numba step relies on: an idle HARQ process (either loop) holds no bytes, subbands, SINR
+    or transmissions, so the numba step writes only its MCS and its grant reads no subbands from it."""
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
+    for backend in ("eager", "numba"):
+        eng = make_engine("L2-legacy", E, R, cfg=cfg, dtype=dtype, seed=3, backend=backend)
+        retx = 0
+        for t in range(T):
+            eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline)
+            st = eng.l2_state
+            idle = ~st.hq_active
+            retx += int(st.hq_active.sum())
+            assert not bool((st.hq_content.sum(-1) * idle).any())
+            assert not bool((st.hq_sb.any(-1) & idle).any())
+            assert not bool((st.hq_acc * idle).any()) and not bool((st.hq_ntx * idle).any())
+        assert retx > 0  # (some process was not idle)
+
+
 def test_backend_choice_is_checked():
     assert make_engine("L2-legacy", 2, 2, backend="eager").slot_loop == "eager"
     assert make_engine("L2-legacy", 2, 2).slot_loop == "numba"  # the CPU's default (docs/design.md §2)

@@ -38,6 +38,9 @@ from isaac_net.core.levels.l2_legacy import L2State
 # The per-robot counts of a step (``counts`` ``[len(COUNTS), E, R]``): the level's counters and the
 # slots each robot transmitted in (the energy).
 COUNTS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr", "tx_slots")
+# Up to this many subbands ATen's CPU sort (std::sort) is an insertion sort, so stable: an estimate's
+# subband order is then computed here (_argsort_descending), above it by torch.argsort.
+SORT_BY_INSERTION_MAX = 16
 # The per-message fields of L2State (the last index: the message's age), in the kernels' order.
 PER_MESSAGE = ("pending", "held", "rlc_cnt", "round_slot", "hq_content")
 # The float constants, in this order, as one array of the level's dtype.
@@ -170,17 +173,12 @@ def _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, 
     """Robot ``r`` of env ``e`` in slot ``k`` with no retransmission due and no grant (``gr_tbs == 0``):
     what :func:`_send` and the kernel's robot loop do then, without their loops over the messages
     (the TB takes 0 bytes: ``tb_bytes`` is +0, the buffer unchanged, no BSR; ``outstanding - 0`` is
-    ``outstanding``). Its HARQ process is emptied; the PF average decays; an SR at its occasion."""
-    hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
+    ``outstanding``). Its HARQ process stays empty; the PF average decays; an SR at its occasion."""
+    hq_mcs = harq[3]
     zero = consts[0] - consts[0]
-    hq_active[p, e, r] = False
-    for a in range(hq_content.shape[3]):
-        hq_content[p, e, r, a] = zero
-    for j in range(hq_sb.shape[3]):
-        hq_sb[p, e, r, j] = False
+    # The process is idle, so already empty (no contents, subbands, SINR or transmissions: what either
+    # loop leaves in an idle process, and a reset's): of the eager writes only the MCS changes it.
     hq_mcs[p, e, r] = grants[1][g, e, r]
-    hq_acc[p, e, r] = zero
-    hq_ntx[p, e, r] = 0
     avg_thr[e, r] = _fma(consts[4], zero - avg_thr[e, r], avg_thr[e, r])  # ATen's lerp
     if sr_occasion[ix[k, 5], r] and known[e, r] <= zero and outstanding[e, r] <= zero:
         cum = zero  # the bytes left, summed in _send's order
@@ -327,9 +325,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
         for j in range(S):
             is_open[j] = True
         for r in range(R):
-            for j in range(S):
-                if hq_sb[then, e, r, j]:
-                    is_open[j] = False
+            if hq_active[then, e, r]:  # (an idle process has no subbands)
+                for j in range(S):
+                    if hq_sb[then, e, r, j]:
+                        is_open[j] = False
         if needy[0] != 0:  # -inf: a robot that needs nothing takes no part (robot 0's row is read)
             for j in range(S):
                 metric[0, j] = -np.inf
@@ -661,10 +660,30 @@ def estimate(level, x_est: torch.Tensor) -> tuple:
 def _estimate(level, x_est: torch.Tensor) -> tuple:
     """:func:`estimate`'s numbers, computed."""
     se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
-    order = torch.argsort(se_est, dim=-1, descending=True)
+    S = se_est.shape[-1]
+    if S <= SORT_BY_INSERTION_MAX:  # torch's order, ties included, at a fraction of its cost
+        order = torch.empty(se_est.shape, dtype=torch.long)
+        _argsort_descending(se_est.reshape(-1, S).numpy(), order.view(-1, S).numpy())
+    else:
+        order = torch.argsort(se_est, dim=-1, descending=True)
     cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
                                             level._gap_lin, level._min_sinr_lin, level.cfg.num_subbands)
     return x_est, se_est, order, cap, max_sb
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _argsort_descending(x, order):
+    """``order[i]`` (``[N, S]`` int64): the indices of row ``x[i]`` by decreasing value, equal values by
+    index (a stable insertion sort: what ``torch.argsort(descending=True)`` gives on the CPU up to
+    :data:`SORT_BY_INSERTION_MAX` elements, where std::sort is an insertion sort)."""
+    N, S = x.shape
+    for i in range(N):
+        for a in range(S):
+            key, b = x[i, a], a
+            while b > 0 and x[i, order[i, b - 1]] < key:  # (strict: an equal value keeps its place)
+                order[i, b] = order[i, b - 1]
+                b -= 1
+            order[i, b] = a
 
 
 def _by_block(values: list) -> tuple[list, np.ndarray]:
