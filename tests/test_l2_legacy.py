@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -768,6 +769,37 @@ def test_numba_subband_order_is_torchs(S):
         order = torch.empty(500, S, dtype=torch.long)
         _l2_numba._argsort_descending(se.numpy(), order.numpy())
         assert torch.equal(order, torch.argsort(se, dim=-1, descending=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_sum_over_subbands_is_atens(dtype):
+    """The kernel's sum over a TB's subbands adds in ATen's order: bit for bit torch's sum, for
+    lengths below, at and above the SIMD width and below and above four vectors (non-negative terms,
+    some zero, as the log2 terms of a TB)."""
+    from isaac_net.core.levels import _l2_numba
+
+    lanes = int(_l2_numba.constants(NetL2Legacy(1, 1, dtype=dtype))["ints"][-1])
+    g = torch.Generator().manual_seed(0)
+    p = np.empty(4 * lanes, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    for n in range(1, 5 * lanes + 3):
+        x = torch.rand(200, n, generator=g, dtype=dtype) * 7
+        x = x * (torch.rand(200, n, generator=g) < 0.6)
+        want = x.sum(-1)
+        got = torch.tensor([_l2_numba._aten_sum(row, lanes, p) for row in x.numpy()], dtype=dtype)
+        assert torch.equal(got, want), n
+
+
+def test_numba_mcs_is_select_mcs():
+    """The kernel's MCS (a count of the bounds at most the SINR) is :func:`mech.select_mcs`'s."""
+    from isaac_net.core.levels import _l2_numba
+
+    x_db = torch.linspace(-30.0, 40.0, 5001, dtype=torch.float64)
+    # (the kernel's SINRs are finite: floored before the log)
+    x_db = torch.cat([x_db, SEL.to(torch.float64), torch.tensor([-math.inf, math.inf], dtype=torch.float64)])
+    want = mech.select_mcs(x_db, torch.zeros_like(x_db), SEL.to(torch.float64))
+    sel = SEL.to(torch.float64).numpy()
+    got = torch.tensor([_l2_numba._mcs(sel, float(x)) for x in x_db])
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("seed,E,R,dtype", _NUMBA_CASES[:4])

@@ -75,6 +75,16 @@ def _aten_sum(x, lanes, p):
     n = x.shape[0]
     width = lanes if n >= lanes else 1
     nvec = n // width
+    if width > 1 and nvec < 4:  # no whole row of 4 vectors: each lane's sum is its elements in order
+        total = x[0] - x[0]  # (the same sums as below without adding the empty partials: +0)
+        for i in range(nvec * width, n):
+            total += x[i]
+        for lane in range(width):
+            acc = x[lane]
+            for v in range(1, nvec):
+                acc += x[v * width + lane]
+            total += acc
+        return total
     for i in range(4 * width):
         p[i] = 0
     rows = nvec // 4
@@ -370,14 +380,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _mcs(sel_db, x_db):
     """The highest MCS whose bound is at most ``x_db`` (MCS 0 if none): the bounds are sorted."""
-    lo, hi = 0, sel_db.shape[0]
-    while lo < hi:  # lo: how many bounds are <= x_db
-        mid = (lo + hi) // 2
-        if sel_db[mid] <= x_db:
-            lo = mid + 1
-        else:
-            hi = mid
-    return max(lo - 1, 0)
+    n = 0
+    for m in range(sel_db.shape[0]):  # how many bounds are <= x_db: a count, no unpredictable branch
+        n += sel_db[m] <= x_db
+    return max(n - 1, 0)
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
