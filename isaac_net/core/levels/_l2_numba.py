@@ -120,12 +120,13 @@ def _effective_sinr(x, is_sb, n_f, terms, lanes, one):
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content,
-          is_sb, terms):
+          is_sb, terms, granted):
     """Robot ``r`` of env ``e`` in slot ``s`` (``k`` in the step): the retransmission due now or a new TB
     on the grant, its HARQ feedback and the HARQ process after it (the eager
     :func:`~.l2_legacy.transmit` and :func:`~.l2_legacy.harq_next`; :func:`_acked_or_failed` for the
     rest). ``msgs``, ``harq``, ``grants``: the per-message fields, HARQ and grant rings
-    (:func:`_step_kernel`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
+    (:func:`_step_kernel`); ``granted``: ``(is_known, sinr)``, the effective SINR of a new TB as the
+    grant computed it (:func:`_granted_sinr`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
     unsched = msgs[0]
     hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
     gr_sb, gr_mcs, gr_tbs = grants
@@ -152,7 +153,9 @@ def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack
         n_sb = 0
         for j in range(S):
             n_sb += is_sb[j]
-        acc = hq_acc[p, e, r] + _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)], terms, ints[10], nf[1])
+        eff = granted[1] if granted[0] and not is_retx else _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)],
+                                                                            terms, ints[10], nf[1])
+        acc = hq_acc[p, e, r] + eff
         nack = consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]  # u < BLER, in logit form
         fail = nack and ntx >= ints[6]
         first = s if is_new else hq_first[p, e, r]
@@ -176,6 +179,22 @@ def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack
     counts[3, e, r] += fail
     counts[7, e, r] += is_tx
     return is_new, nack, tb_bytes, cum
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _granted_sinr(e, r, b, g, rx, est_x, gr_sb, scratch):
+    """The effective SINR of robot ``r``'s new TB on the grant at ring entry ``g`` as the grant computed
+    it, if this kernel call made the grant and the channel ``rx[b]`` is the estimate's on the granted
+    subbands (the same block, the same SNR): the same function of the same numbers, so the same value
+    without its logs. :output: ``(is_known, sinr)``."""
+    gr_eff, gr_est = scratch[13], scratch[14]
+    c = gr_est[g, r]
+    if c < 0:
+        return False, gr_eff[g, r]
+    for j in range(gr_sb.shape[3]):
+        if gr_sb[g, e, r, j] and est_x[c, e, r, j] != rx[b, e, r, j]:
+            return False, gr_eff[g, r]
+    return True, gr_eff[g, r]
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
@@ -303,15 +322,16 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+def _grant(e, k, c, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
            olla_db, avg_thr, est, scratch):
     """The grant of env ``e`` for slot ``s + k2`` on the subbands that slot's retransmissions leave
     free (the eager :func:`~.l2_legacy.grant`): PF up to each robot's need, the MCS from the estimate
     less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
-    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays."""
+    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays (the effective
+    SINR of each grant and the estimate ``c`` it came from kept for :func:`_granted_sinr`)."""
     metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch[:7]
     # last_db, last_mcs: each robot's estimate in dB and MCS when last granted nothing (emptied per env)
-    needy, last_db, last_mcs = scratch[10], scratch[11], scratch[12]
+    needy, last_db, last_mcs, gr_eff, gr_est = scratch[10], scratch[11], scratch[12], scratch[13], scratch[14]
     est_x, est_se, est_order, est_cap, est_max_sb = est
     hq_active, hq_sb = harq[0], harq[2]
     gr_sb, gr_mcs, gr_tbs = grants
@@ -361,8 +381,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
             for j in range(S):
                 gr_sb[g, e, r, j] = False
         x_db = floor_db - olla_db[e, r]
+        gr_est[g, r] = c if n_alloc > 0 else -1
         if n_alloc > 0:
             eff = _effective_sinr(est_x[r], alloc[r], nf[n_alloc], terms, ints[10], nf[1])
+            gr_eff[g, r] = eff
             x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
             mcs = _mcs(sel_db, x_db)
         elif x_db == last_db[r]:  # nothing allocated: the robot's MCS of the last time, if the same estimate
@@ -407,9 +429,12 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
     content, is_sb, terms = scratch[7], scratch[8], scratch[6]
     floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
     last_db = scratch[11]
+    gr_est = scratch[14]  # per grant ring entry and robot: the estimate its SINR came from (-1: none)
     for e in range(E):  # the envs are independent: one at a time, all its slots
         for r in range(R):
             last_db[r] = np.nan  # (equal to no estimate)
+            for u in range(gr_est.shape[0]):
+                gr_est[u, r] = -1
         for d in range(D):
             held_any[d] = False
             for r in range(R):
@@ -431,9 +456,10 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                     _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, avg_thr,
                           sr_occasion, counts)
                     continue
+                granted = _granted_sinr(e, r, b, g, rx, est_x, gr_sb, scratch)
                 is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq,
                                                          grants, rx[b], nack_below, counts, content, is_sb,
-                                                         terms)
+                                                         terms, granted)
                 if is_new:  # OLLA on first transmissions
                     step_db = consts[1] if nack else -consts[2]
                     olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
@@ -449,8 +475,8 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                     known[e, r] = consts[5]
                     counts[6, e, r] += 1
             est = (est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e], est_max_sb[c, e])
-            _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
-                   olla_db, avg_thr, est, scratch)
+            _grant(e, k, c, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known,
+                   outstanding, olla_db, avg_thr, est, scratch)
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
@@ -680,16 +706,19 @@ def _estimate(level, x_est: torch.Tensor) -> tuple:
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _argsort_descending(x, order):
     """``order[i]`` (``[N, S]`` int64): the indices of row ``x[i]`` by decreasing value, equal values by
-    index (a stable insertion sort: what ``torch.argsort(descending=True)`` gives on the CPU up to
-    :data:`SORT_BY_INSERTION_MAX` elements, where std::sort is an insertion sort)."""
+    index (the stable order: what ``torch.argsort(descending=True)`` gives on the CPU up to
+    :data:`SORT_BY_INSERTION_MAX` elements, where std::sort is an insertion sort). By rank: element
+    ``a`` goes after every greater element and every equal one before it (compares, no branches)."""
     N, S = x.shape
     for i in range(N):
+        row = x[i]
         for a in range(S):
-            key, b = x[i, a], a
-            while b > 0 and x[i, order[i, b - 1]] < key:  # (strict: an equal value keeps its place)
-                order[i, b] = order[i, b - 1]
-                b -= 1
-            order[i, b] = a
+            key, rank = row[a], 0
+            for b in range(a):
+                rank += row[b] >= key
+            for b in range(a + 1, S):
+                rank += row[b] > key
+            order[i, rank] = a
 
 
 def _by_block(values: list) -> tuple[list, np.ndarray]:
@@ -763,7 +792,8 @@ def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.nda
                np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
                np.empty(A, dt), np.empty(S, np.bool_),
                np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64),
-               np.empty(R, dt), np.empty(R, np.int64))
+               np.empty(R, dt), np.empty(R, np.int64), np.empty((level.l2.k2_slots, R), dt),
+               np.empty((level.l2.k2_slots, R), np.int64))
     ints = inputs["ints"].copy()
     ints[0] = t
     _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
