@@ -481,14 +481,14 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _open_kernel(t, t_now, consts, send, msg_bytes, q_old, q_cap, msgs_old, msgs, unsched, bytes_,
-                 finish_slot, usable, kpis):
+                 finish_slot, usable, kpis, keep):
     """The start of step ``t`` (``t_now``: the level's device counter, the generation step of a message
     captured now): the base class's capture into ``q_cap`` (the queue ``q_old`` plus a message where
     ``send`` and not full; ``(bytes, size, gen, length)``, ``[E, R(, F)]``), the queue in age order
     (:func:`~.l2_legacy.messages_by_age`: ``bytes_``, ``usable`` ``[E, R, A]``), the per-message fields
     ``msgs_old`` of the messages gone cleared into ``msgs`` (``L2State.forget``; :data:`PER_MESSAGE`),
     the bytes not yet in a TB nor held by RLC (``unsched``), ``finish_slot`` -1; ``kpis`` rows
-    ``offered`` and ``overflow``."""
+    ``offered`` and ``overflow``. ``keep``: scratch ``[E * R * A]``."""
     qb_old, qs_old, qg_old, ql_old = q_old
     qb, qs, qg, ql = q_cap
     E, R, F = qb.shape
@@ -511,41 +511,37 @@ def _open_kernel(t, t_now, consts, send, msg_bytes, q_old, q_cap, msgs_old, msgs
             for j in range(n):  # whole bytes, at index A - 1 - age
                 a = A - 1 - (t - qg[e, r, j])
                 bytes_[e, r, a], usable[e, r, a] = np.ceil(qb[e, r, j]), True
-    _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable)
+    _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable, keep)
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable):
+def _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable, keep):
     """``msgs_old`` times the 0/1 mask of the live messages (``usable``) into ``msgs`` (the values of
-    ``L2State.forget``), ``unsched`` from them, ``bytes_`` +inf where no message is. The rings
-    ``[D or P, E, R, A]`` are walked in memory order (a ring entry at a time)."""
-    pending_old, held_old, rlc_old, round_old, content_old = msgs_old
-    pending, held, rlc_cnt, round_slot, content = msgs
-    E, R, A = bytes_.shape
-    for e in range(E):
-        for r in range(R):
-            for a in range(A):
-                keep_n = 1 if usable[e, r, a] else 0
-                pending[e, r, a] = pending_old[e, r, a] * (one if usable[e, r, a] else zero)
-                rlc_cnt[e, r, a] = rlc_old[e, r, a] * keep_n
-                round_slot[e, r, a] = round_old[e, r, a] * keep_n
-                unsched[e, r, a] = bytes_[e, r, a] - pending[e, r, a]
+    ``L2State.forget``), ``unsched`` from them, ``bytes_`` +inf where no message is. Every field flat,
+    ``[n]`` or ``[D or P, n]`` (``n = E * R * A``), in memory order, ``keep`` ``[n]`` the mask as 0/1
+    in the level's dtype: loops the compiler vectorises."""
+    n = bytes_.size
+    pending_old, rlc_old, round_old = msgs_old[0].reshape(n), msgs_old[2].reshape(n), msgs_old[3].reshape(n)
+    held_old, content_old = msgs_old[1].reshape(-1, n), msgs_old[4].reshape(-1, n)
+    pending, rlc_cnt, round_slot = msgs[0].reshape(n), msgs[2].reshape(n), msgs[3].reshape(n)
+    held, content = msgs[1].reshape(-1, n), msgs[4].reshape(-1, n)
+    bytes_f, unsched_f, usable_f = bytes_.reshape(-1), unsched.reshape(-1), usable.reshape(-1)
+    for i in range(n):
+        keep[i] = one if usable_f[i] else zero
+        keep_n = 1 if usable_f[i] else 0
+        pending[i] = pending_old[i] * keep[i]
+        rlc_cnt[i], round_slot[i] = rlc_old[i] * keep_n, round_old[i] * keep_n
+        unsched_f[i] = bytes_f[i] - pending[i]
     for d in range(held.shape[0]):  # (whole bytes: the sum over the ring is exact in any order)
-        for e in range(E):
-            for r in range(R):
-                for a in range(A):
-                    held[d, e, r, a] = held_old[d, e, r, a] * (one if usable[e, r, a] else zero)
-                    unsched[e, r, a] -= held[d, e, r, a]
+        for i in range(n):
+            held[d, i] = held_old[d, i] * keep[i]
+            unsched_f[i] -= held[d, i]
     for p in range(content.shape[0]):
-        for e in range(E):
-            for r in range(R):
-                for a in range(A):
-                    content[p, e, r, a] = content_old[p, e, r, a] * (one if usable[e, r, a] else zero)
-    for e in range(E):
-        for r in range(R):
-            for a in range(A):
-                if not usable[e, r, a]:  # +inf: can no longer complete
-                    bytes_[e, r, a] = np.inf
+        for i in range(n):
+            content[p, i] = content_old[p, i] * keep[i]
+    for i in range(n):
+        if not usable_f[i]:  # +inf: can no longer complete
+            bytes_f[i] = np.inf
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
@@ -557,21 +553,20 @@ def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, f
     delivery ``fresh_gen`` (from ``fresh_old``), every per-message field one step older, the step's
     ``counts`` added to ``counters``, and the rest of ``kpis`` (``[len(KPI_KEYS), E, R]``).
     ``step_times``: ``(slot_s, step_s)`` in the level's dtype; ``watts`` ``[E, R]`` transmit power."""
-    pending, held = msgs[0], msgs[1]
     E, R, A = bytes_.shape
+    n = bytes_.size
+    pending, held = msgs[0].reshape(n), msgs[1].reshape(-1, n)  # flat, in memory order
+    bytes_f, unsched_f, usable_f, finish_f = (bytes_.reshape(n), unsched.reshape(n), usable.reshape(n),
+                                              finish_slot.reshape(n))
     zero = consts[0] - consts[0]
     slot_s = step_times[0]
-    for e in range(E):
-        for r in range(R):
-            for a in range(A):  # what a message still has in HARQ: not acked, not to resend, not held
-                b = bytes_[e, r, a] if usable[e, r, a] and finish_slot[e, r, a] < 0 else zero
-                bytes_[e, r, a] = b
-                pending[e, r, a] = b - unsched[e, r, a]
+    for i in range(n):  # what a message still has in HARQ: not acked, not to resend, not held
+        b = bytes_f[i] if usable_f[i] and finish_f[i] < 0 else zero
+        bytes_f[i] = b
+        pending[i] = b - unsched_f[i]
     for d in range(held.shape[0]):  # (whole bytes: exact in any order)
-        for e in range(E):
-            for r in range(R):
-                for a in range(A):
-                    pending[e, r, a] -= held[d, e, r, a]
+        for i in range(n):
+            pending[i] -= held[d, i]
     for e in range(E):
         for r in range(R):
             _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen,
@@ -580,11 +575,11 @@ def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, f
             kpis[6, e, r] = watts[e, r] * (step_times.dtype.type(counts[-1, e, r]) * slot_s)
             for c in range(len(counters)):
                 counters[c][e, r] += counts[c, e, r]
-    _age(msgs[0].reshape(-1, A), zero)  # every per-message field one step older (L2State.aged)
-    _age(msgs[1].reshape(-1, A), zero)
-    _age(msgs[4].reshape(-1, A), zero)
-    _age(msgs[2].reshape(-1, A), 0)
-    _age(msgs[3].reshape(-1, A), 0)
+    _age(msgs[0].reshape(-1), A, zero)  # every per-message field one step older (L2State.aged)
+    _age(msgs[1].reshape(-1), A, zero)
+    _age(msgs[4].reshape(-1), A, zero)
+    _age(msgs[2].reshape(-1), A, 0)
+    _age(msgs[3].reshape(-1), A, 0)
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
@@ -624,14 +619,14 @@ def _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _age(rows, zero):
-    """Each row ``[A]`` of ``rows`` one step older (``L2State.aged``): index ``a`` takes ``a + 1``'s
-    value, the newest is empty."""
-    n, A = rows.shape
-    for i in range(n):
-        for a in range(A - 1):
-            rows[i, a] = rows[i, a + 1]
-        rows[i, A - 1] = zero
+def _age(x, A, zero):
+    """Each row ``[A]`` of ``x`` (flat, ``[n * A]``) one step older (``L2State.aged``): index ``a`` takes
+    ``a + 1``'s value, the newest is empty. (One shift of the whole array, then the newest of each row
+    emptied: what crosses a row's end is overwritten.)"""
+    for i in range(x.shape[0] - 1):
+        x[i] = x[i + 1]
+    for i in range(A - 1, x.shape[0], A):
+        x[i] = zero
 
 
 def available(device: torch.device) -> bool:
@@ -756,7 +751,8 @@ def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
     work_np = tuple(x.numpy() for x in work)
     kpis = torch.empty(len(KPI_KEYS), E, R, dtype=dt)
     _open_kernel(t, t_now, inputs["consts"], send.contiguous().numpy(), msg_bytes.contiguous().numpy(),
-                 _np(q_old), _np(q_cap), _np(msgs_old), msgs, *work_np, kpis.numpy())
+                 _np(q_old), _np(q_cap), _np(msgs_old), msgs, *work_np, kpis.numpy(),
+                 np.empty(E * R * A, work_np[0].dtype))
     counts = _slots(level, t, snr_db, st, work_np)
     fresh_gen = torch.empty_like(level.fresh_gen)
     _close_kernel(t, t_now, inputs["consts"], inputs["step_times"], deadline.contiguous().numpy(),
