@@ -423,6 +423,7 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
     t, K, D = ints[0], ints[1], ints[4]
     zero = consts[0] - consts[0]
     held_any = scratch[9]  # per slot of the RLC ring: whether the env's entry may hold bytes
+    held_flat = held.reshape(D, E, R * A)
     msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any)
     harq = (hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first)
     grants = (gr_sb, gr_mcs, gr_tbs)
@@ -436,10 +437,10 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
             for u in range(gr_est.shape[0]):
                 gr_est[u, r] = -1
         for d in range(D):
-            held_any[d] = False
-            for r in range(R):
-                for a in range(A):
-                    held_any[d] |= held[d, e, r, a] != zero
+            n_held = 0  # (a count: a loop the compiler vectorises)
+            for i in range(R * A):
+                n_held += held_flat[d, e, i] != zero
+            held_any[d] = n_held > 0
         for k in range(K):
             s = t * K + k
             d = ix[k, 3]
