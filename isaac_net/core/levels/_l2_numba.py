@@ -23,6 +23,8 @@ only if a uniform or a threshold falls within that ulp.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import torch
@@ -654,6 +656,8 @@ def constants(level) -> dict:
             "simd_lanes": lanes}
     return {
         "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
+        "scratch": _scratch(level, lanes),  # the step kernel's work arrays (each written before it is read)
+        "rings": {},  # _ring_entries' memo
         "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
         # The slot and the step, s, as the eager step's tensor arithmetic rounds them (to its dtype).
         "step_times": torch.tensor([cfg.slot_s, cfg.step_s], dtype=dt).numpy(),
@@ -663,14 +667,28 @@ def constants(level) -> dict:
     }
 
 
-def _ring_entries(l2, t: int, K: int) -> np.ndarray:
+def _scratch(level, lanes: int) -> tuple:
+    """The work arrays of :func:`_step_kernel` (its ``scratch``; :func:`_grant` names them)."""
+    R, A, S, dt = level.R, level.cfg.timeout_steps, level.cfg.num_subbands, level.dtype
+    dt, K2 = torch.empty(0, dtype=dt).numpy().dtype, level.l2.k2_slots
+    return (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
+            np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * lanes, dt), np.empty(A, dt),
+            np.empty(S, np.bool_), np.empty(level.l2.rlc_delay_slots + 1, np.bool_), np.empty(R, np.int64),
+            np.empty(R, dt), np.empty(R, np.int64), np.empty((K2, R), dt), np.empty((K2, R), np.int64))
+
+
+def _ring_entries(l2, t: int, K: int, memo: dict) -> np.ndarray:
     """Per slot ``s`` of step ``t`` (``[K, 6]`` int64): its HARQ process ``s % P``, its grant ``s % K2``,
     the process of the slot it grants for ``(s + K2) % P``, the RLC entries of ``s`` and of
-    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``."""
-    s = t * K + np.arange(K, dtype=np.int64)
+    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``. A function of ``t K`` modulo the
+    rings' common period: kept in ``memo`` by it (a few hundred entries at most)."""
     P, K2, D = l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1
-    return np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
-                     s % l2.sr_period_slots], 1)
+    key = (t * K) % math.lcm(P, K2, D, l2.sr_period_slots)
+    if key not in memo:
+        s = key + np.arange(K, dtype=np.int64)
+        memo[key] = np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
+                              s % l2.sr_period_slots], 1)
+    return memo[key]
 
 
 def estimate(level, x_est: torch.Tensor) -> tuple:
@@ -784,18 +802,12 @@ def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.nda
     est, est_of_slot = _by_block([x[3] for x in slots])
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
     counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
-    A, S, dt = cfg.timeout_steps, cfg.num_subbands, inputs["consts"].dtype
-    scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
-               np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
-               np.empty(A, dt), np.empty(S, np.bool_),
-               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64),
-               np.empty(R, dt), np.empty(R, np.int64), np.empty((level.l2.k2_slots, R), dt),
-               np.empty((level.l2.k2_slots, R), np.int64))
     ints = inputs["ints"].copy()
     ints[0] = t
-    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
-                 nack_below.numpy(), torch.stack(rx).numpy(), rx_of_slot, *(x.numpy() for x in est),
-                 est_of_slot, *work, *(st[f].numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
+    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots, inputs["rings"]), inputs["consts"],
+                 *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(), rx_of_slot,
+                 *(x.numpy() for x in est), est_of_slot, *work,
+                 *(st[f].numpy() for f in L2StateView.KERNEL_FIELDS), counts, inputs["scratch"])
     return counts
 
 
