@@ -549,13 +549,14 @@ def _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable, keep):
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, fresh_old, fresh_gen, msgs,
-                  unsched, bytes_, finish_slot, usable, counts, counters, kpis):
+                  unsched, bytes_, finish_slot, usable, counts, counters, kpis, rows, lanes):
     """The end of step ``t``: the bytes in HARQ carried on (``pending``), then the base class's
     bookkeeping (``L2-legacy``'s ``_close_step`` and ``DiscreteLevel._step``): deliveries, their delays
     and bytes, timeouts and RLC losses, the queue ``q_cap`` compacted into ``q_new``, the freshest
     delivery ``fresh_gen`` (from ``fresh_old``), every per-message field one step older, the step's
     ``counts`` added to ``counters``, and the rest of ``kpis`` (``[len(KPI_KEYS), E, R]``).
-    ``step_times``: ``(slot_s, step_s)`` in the level's dtype; ``watts`` ``[E, R]`` transmit power."""
+    ``step_times``: ``(slot_s, step_s)`` in the level's dtype; ``watts`` ``[E, R]`` transmit power;
+    ``rows``, ``lanes``: :func:`_close_queue`'s."""
     E, R, A = bytes_.shape
     n = bytes_.size
     pending, held = msgs[0].reshape(n), msgs[1].reshape(-1, n)  # flat, in memory order
@@ -573,7 +574,7 @@ def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, f
     for e in range(E):
         for r in range(R):
             _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen,
-                         bytes_, finish_slot, usable, kpis)
+                         bytes_, finish_slot, usable, kpis, rows, lanes)
             kpis[5, e, r] = t_now + 1 - fresh_gen[e, r]  # AoI at the end of the step
             kpis[6, e, r] = watts[e, r] * (step_times.dtype.type(counts[-1, e, r]) * slot_s)
             for c in range(len(counters)):
@@ -587,25 +588,28 @@ def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, f
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen, bytes_,
-                 finish_slot, usable, kpis):
+                 finish_slot, usable, kpis, rows, lanes):
     """Robot ``r`` of env ``e`` at the end of step ``t``: each queued message delivered (its delay and
     bytes), dropped (its deadline reached, or lost by RLC) or kept, oldest first, in ``q_new``; the
     freshest delivery; ``kpis`` rows ``delivered``, ``delay_sum``, ``timeouts``, ``throughput`` and
-    ``queued_msgs``."""
+    ``queued_msgs``. The delays and bytes summed over the queue as the eager step does (in the queue's
+    layout, 0 where not delivered, in ATen's order: ``rows`` ``[3, max(F, 4 lanes)]`` scratch)."""
     qb, qs, qg, ql = q_cap
     nb, ns, ng, nl = q_new
     A, F = bytes_.shape[2], qb.shape[2]
     slot_s, step_s, as_dt = step_times[0], step_times[1], step_times.dtype.type
     delivered, timeouts, kept = 0, 0, 0
-    delay_sum, size_sum, fresh = zero, zero, fresh_old[e, r]
+    fresh = fresh_old[e, r]
+    for j in range(F):
+        rows[0, j], rows[1, j] = zero, zero
     for j in range(ql[e, r]):
         gen = qg[e, r, j]
         a = A - 1 - (t - gen)
         if finish_slot[e, r, a] >= 0:  # delivered in slot finish_slot
             # in the level's dtype, as the eager step: age + (finish_slot + 1) * slot_s / step_s
             finish_s = as_dt(finish_slot[e, r, a] + 1) * slot_s
-            delay_sum += as_dt(t_now - gen) + finish_s / step_s
-            size_sum += qs[e, r, j]
+            rows[0, j] = as_dt(t_now - gen) + finish_s / step_s
+            rows[1, j] = qs[e, r, j]
             delivered += 1
             fresh = max(fresh, gen)
         elif not usable[e, r, a] or t_now - gen + 1 >= deadline[e, r]:
@@ -617,6 +621,7 @@ def _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh
         nb[e, r, j], ns[e, r, j], ng[e, r, j] = zero, zero, 0
     nl[e, r] = kept
     fresh_gen[e, r] = fresh
+    delay_sum, size_sum = _aten_sum(rows[0, :F], lanes, rows[2]), _aten_sum(rows[1, :F], lanes, rows[2])
     kpis[1, e, r], kpis[2, e, r], kpis[3, e, r] = delivered, delay_sum, timeouts
     kpis[7, e, r], kpis[8, e, r] = size_sum / step_s, kept
 
@@ -658,6 +663,7 @@ def constants(level) -> dict:
         "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
         "scratch": _scratch(level, lanes),  # the step kernel's work arrays (each written before it is read)
         "rings": {},  # _ring_entries' memo
+        "rows": np.empty((3, max(cfg.buffer_msgs, 4 * lanes)), torch.empty(0, dtype=dt).numpy().dtype),
         "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
         # The slot and the step, s, as the eager step's tensor arithmetic rounds them (to its dtype).
         "step_times": torch.tensor([cfg.slot_s, cfg.step_s], dtype=dt).numpy(),
@@ -777,7 +783,8 @@ def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
     _close_kernel(t, t_now, inputs["consts"], inputs["step_times"], deadline.contiguous().numpy(),
                   radio.dbm_to_w(tx_dbm).contiguous().numpy(), _np(q_cap), _np(q_new),
                   level.fresh_gen.contiguous().numpy(), fresh_gen.numpy(), msgs, *work_np, counts,
-                  tuple(level.counters[k].numpy() for k in COUNTS[:-1]), kpis.numpy())
+                  tuple(level.counters[k].numpy() for k in COUNTS[:-1]), kpis.numpy(), inputs["rows"],
+                  inputs["ints"][-1])
     level.queue, level.fresh_gen, level.l2_state = Queue(*q_new), fresh_gen, L2State(**st)
     level.t, level.t_now = t + 1, level.t_now + 1
     return dict(zip(KPI_KEYS, kpis, strict=True))
