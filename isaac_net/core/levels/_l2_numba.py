@@ -1,4 +1,4 @@
-"""L2-legacy's control step as one numba kernel: the level's ``slot_loop="numba"`` (docs/design.md §2).
+"""L2-legacy's control step in numba kernels: the level's ``slot_loop="numba"`` (docs/design.md §2).
 
 Below a few hundred cells an eager L2-legacy step is per-op overhead (about 190 small torch ops a
 slot, 40 slots a step). Here the whole slot loop of a step (every slot, env and robot) is one call of
@@ -10,9 +10,10 @@ order, the per-message state of the messages gone cleared) and :func:`_close_ker
 HARQ, deliveries, delays, timeouts, the queue compacted, AoI, energy, every per-message field one step
 older, the counters). What stays in torch: the inputs' checks, the step's random numbers (drawn by
 the level's generator in its order), the channel and the gNB's estimate per fading block
-(:meth:`~.l2_legacy.NetL2Legacy._slot_channels`). So one seed gives the events of the eager step.
-Byte counts are whole numbers (exact in any order of addition); delays and energies are computed in
-the level's dtype as the eager step does, their sums over a robot's messages in queue order.
+(:meth:`~.l2_legacy.NetL2Legacy._slot_channels`; up to 16 subbands the estimate's order comes from
+:func:`_argsort_descending`). So one seed gives the events of the eager step. Byte counts are whole
+numbers (exact in any order of addition); delays and energies are computed in the level's dtype as
+the eager step does, their sums over a robot's messages in ATen's order: the KPIs are eager's.
 
 Floating point: the sums over subbands add in the order ATen's CPU reduction does (SIMD lanes, then
 the lanes in order; :func:`_aten_sum`), the PF average is ATen's ``lerp`` (one fused multiply-add).
