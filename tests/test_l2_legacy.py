@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -643,10 +644,14 @@ def _assert_same_events(eager, want, fast, got, dtype):
     for a, b in zip(want, got, strict=True):
         for k in _EVENT_KEYS:
             assert torch.equal(a[k], b[k]), k
-        for k in ("delay_sum", "energy_j"):
+        for k in ("delay_sum", "energy_j", "throughput_bytes_per_s"):
             torch.testing.assert_close(b[k], a[k], rtol=_FLOAT_RTOL[dtype], atol=0.0)
     for k, v in eager.counters.items():
         assert torch.equal(fast.counters[k], v), k
+    # The queue and the AoI's reference after the run (the base class's bookkeeping, numba's own kernels).
+    for k in ("bytes", "size", "gen", "length", "fresh_gen", "t_now"):
+        assert torch.equal(fast.state()[k], eager.state()[k]), k
+    assert fast.t == eager.t
     for k, v in eager.l2_state.tensors().items():
         if v.is_floating_point():
             torch.testing.assert_close(getattr(fast.l2_state, k), v, rtol=_FLOAT_RTOL[dtype], atol=1e-12)
@@ -715,6 +720,115 @@ def test_numba_slot_loop_keeps_state_load_state_and_reset():
     for a, c in zip(first, again, strict=True):
         for k in a:
             assert torch.equal(a[k], c[k]), k
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23, 24])
+def test_numba_step_gives_the_eager_events_over_random_fleets(seed):
+    """Property: over random fleets (1 to 64 robots, 1 to 12 envs, either dtype, sizes, loads, SNR
+    -10 to 40 dB, deadlines and buffers that bind), the numba step's events are eager's."""
+    g = torch.Generator().manual_seed(seed)
+    E, R = int(torch.randint(1, 13, (1,), generator=g)), int(torch.randint(1, 65, (1,), generator=g))
+    dtype = (torch.float32, torch.float64)[seed % 2]
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
+    eager, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype, seed=seed)
+    fast, got = _run("numba", cfg, T, send, msg_bytes, snr_db, deadline, dtype, seed=seed)
+    _assert_same_events(eager, want, fast, got, dtype)
+
+
+@pytest.mark.parametrize("seed,E,R,dtype", [_NUMBA_CASES[1], _NUMBA_CASES[2], _NUMBA_CASES[4]])
+def test_numba_step_kpis_are_eagers_bit_for_bit(seed, E, R, dtype):
+    """Beyond the tolerance: the numba step's delays, energies and throughputs are eager's bit for bit
+    (the same arithmetic in the level's dtype, the sums over the queue in ATen's order)."""
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
+    _, want = _run("eager", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
+    _, got = _run("numba", cfg, T, send, msg_bytes, snr_db, deadline, dtype)
+    for a, b in zip(want, got, strict=True):
+        for k in a:
+            assert torch.equal(b[k], a[k]), k
+
+
+def test_numba_step_leaves_an_earlier_state_as_it_was():
+    """A state() taken before a step keeps its values, as with the eager step: the queue, the
+    per-message fields and the per-robot fields are each step's own tensors (only the HARQ, grant
+    and fading rings and the counters are written in place, by either step)."""
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(9, 4, 5, torch.float32)
+    eng = make_engine("L2-legacy", 4, 5, cfg=cfg, seed=1, backend="numba")
+    for t in range(3):
+        eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline)
+    in_place = {"hq_active", "hq_sb", "hq_mcs", "hq_acc", "hq_ntx", "hq_first", "gr_sb", "gr_mcs", "gr_tbs",
+                "gains", "rng_state", *eng.counters}
+    before = {k: v for k, v in eng.state().items() if k not in in_place}
+    copy = {k: v.clone() for k, v in before.items()}
+    for t in range(3, 6):
+        eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline)
+    for k, v in before.items():
+        assert torch.equal(v, copy[k]), k
+
+
+@pytest.mark.parametrize("S", [1, 2, 5, 8, 12, 16])
+def test_numba_subband_order_is_torchs(S):
+    """The estimate's subband order (up to 16 subbands, numba's insertion sort) is torch.argsort's,
+    ties included (capped spectral efficiencies tie often)."""
+    from isaac_net.core.levels import _l2_numba
+
+    assert S <= _l2_numba.SORT_BY_INSERTION_MAX
+    g = torch.Generator().manual_seed(S)
+    for dtype in (torch.float32, torch.float64):
+        se = torch.randint(0, 4, (500, S), generator=g).to(dtype) / 3  # ties
+        se[:100] = torch.rand(100, S, generator=g, dtype=dtype)
+        order = torch.empty(500, S, dtype=torch.long)
+        _l2_numba._argsort_descending(se.numpy(), order.numpy())
+        assert torch.equal(order, torch.argsort(se, dim=-1, descending=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_sum_over_subbands_is_atens(dtype):
+    """The kernel's sum over a TB's subbands adds in ATen's order: bit for bit torch's sum, for
+    lengths below, at and above the SIMD width and below and above four vectors (non-negative terms,
+    some zero, as the log2 terms of a TB)."""
+    from isaac_net.core.levels import _l2_numba
+
+    lanes = int(_l2_numba.constants(NetL2Legacy(1, 1, dtype=dtype))["ints"][-1])
+    g = torch.Generator().manual_seed(0)
+    p = np.empty(4 * lanes, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    for n in range(1, 5 * lanes + 3):
+        x = torch.rand(200, n, generator=g, dtype=dtype) * 7
+        x = x * (torch.rand(200, n, generator=g) < 0.6)
+        want = x.sum(-1)
+        got = torch.tensor([_l2_numba._aten_sum(row, lanes, p) for row in x.numpy()], dtype=dtype)
+        assert torch.equal(got, want), n
+
+
+def test_numba_mcs_is_select_mcs():
+    """The kernel's MCS (a count of the bounds at most the SINR) is :func:`mech.select_mcs`'s."""
+    from isaac_net.core.levels import _l2_numba
+
+    x_db = torch.linspace(-30.0, 40.0, 5001, dtype=torch.float64)
+    # (the kernel's SINRs are finite: floored before the log)
+    x_db = torch.cat([x_db, SEL.to(torch.float64), torch.tensor([-math.inf, math.inf], dtype=torch.float64)])
+    want = mech.select_mcs(x_db, torch.zeros_like(x_db), SEL.to(torch.float64))
+    sel = SEL.to(torch.float64).numpy()
+    got = torch.tensor([_l2_numba._mcs(sel, float(x)) for x in x_db])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("seed,E,R,dtype", _NUMBA_CASES[:4])
+def test_an_idle_harq_process_is_empty(seed, E, R, dtype):
+    """What the numba step relies on: an idle HARQ process (either loop) holds no bytes, subbands, SINR
+    or transmissions, so the numba step writes only its MCS and its grant reads no subbands from it."""
+    cfg, T, send, msg_bytes, snr_db, deadline = _scenario(seed, E, R, dtype)
+    for backend in ("eager", "numba"):
+        eng = make_engine("L2-legacy", E, R, cfg=cfg, dtype=dtype, seed=3, backend=backend)
+        retx = 0
+        for t in range(T):
+            eng.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline)
+            st = eng.l2_state
+            idle = ~st.hq_active
+            retx += int(st.hq_active.sum())
+            assert not bool((st.hq_content.sum(-1) * idle).any())
+            assert not bool((st.hq_sb.any(-1) & idle).any())
+            assert not bool((st.hq_acc * idle).any()) and not bool((st.hq_ntx * idle).any())
+        assert retx > 0  # (some process was not idle)
 
 
 def test_backend_choice_is_checked():

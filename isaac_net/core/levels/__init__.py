@@ -26,7 +26,8 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
     :param level: one of ``LEVELS`` (``"L1"``, ``"QA"``, ``"L2-legacy"``).
     :param backend: ``None`` (the default): L2-legacy's ``"numba"`` on the CPU, ``"eager"`` elsewhere and
         for the other levels. ``"eager"``: torch ops. ``"numba"`` (L2-legacy, CPU only): each control
-        step's slot loop one numba kernel, the same events as eager from the same seed (docs/design.md
+        step's slot loop one numba kernel (and its bookkeeping two more), the same events as eager from
+        the same seed (docs/design.md
         §2). ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
         the first step (``CudaGraphLevel``).
     """

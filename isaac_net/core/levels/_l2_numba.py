@@ -1,13 +1,19 @@
-"""L2-legacy's control step as one numba kernel: the level's ``slot_loop="numba"`` (docs/design.md §2).
+"""L2-legacy's control step in numba kernels: the level's ``slot_loop="numba"`` (docs/design.md §2).
 
 Below a few hundred cells an eager L2-legacy step is per-op overhead (about 190 small torch ops a
 slot, 40 slots a step). Here the whole slot loop of a step (every slot, env and robot) is one call of
 :func:`_step_kernel`, a numba function over numpy views of the level's CPU tensors, written in place.
 It is the eager loop (:meth:`~.l2_legacy.NetL2Legacy._serve_eager`) element by element, in the
-level's dtype, with the same comparisons deciding the events. What stays in torch: the queue in age
-order, the step's random numbers (drawn by the level's generator in its order), the channel and the
-gNB's estimate per fading block (:meth:`~.l2_legacy.NetL2Legacy._slot_channels`), and the end of the
-step. So one seed gives the events of the eager loop.
+level's dtype, with the same comparisons deciding the events. The base class's bookkeeping of the
+step is two more kernels around it (:func:`step`): :func:`_open_kernel` (capture, the queue in age
+order, the per-message state of the messages gone cleared) and :func:`_close_kernel` (the bytes in
+HARQ, deliveries, delays, timeouts, the queue compacted, AoI, energy, every per-message field one step
+older, the counters). What stays in torch: the inputs' checks, the step's random numbers (drawn by
+the level's generator in its order), the channel and the gNB's estimate per fading block
+(:meth:`~.l2_legacy.NetL2Legacy._slot_channels`; up to 16 subbands the estimate's order comes from
+:func:`_argsort_descending`). So one seed gives the events of the eager step. Byte counts are whole
+numbers (exact in any order of addition); delays and energies are computed in the level's dtype as
+the eager step does, their sums over a robot's messages in ATen's order: the KPIs are eager's.
 
 Floating point: the sums over subbands add in the order ATen's CPU reduction does (SIMD lanes, then
 the lanes in order; :func:`_aten_sum`), the PF average is ATen's ``lerp`` (one fused multiply-add).
@@ -18,7 +24,6 @@ only if a uniform or a threshold falls within that ulp.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numba
@@ -28,12 +33,19 @@ from llvmlite import ir
 from numba.extending import intrinsic
 
 from isaac_net.core import radio
+from isaac_net.core.kpi import KPI_KEYS
 from isaac_net.core.levels import l2_mechanisms as mech
-from isaac_net.core.levels.l2_legacy import messages_by_age
+from isaac_net.core.levels.base import Queue
+from isaac_net.core.levels.l2_legacy import L2State
 
 # The per-robot counts of a step (``counts`` ``[len(COUNTS), E, R]``): the level's counters and the
 # slots each robot transmitted in (the energy).
 COUNTS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr", "tx_slots")
+# Up to this many subbands ATen's CPU sort (std::sort) is an insertion sort, so stable: an estimate's
+# subband order is then computed here (_argsort_descending), above it by torch.argsort.
+SORT_BY_INSERTION_MAX = 16
+# The per-message fields of L2State (the last index: the message's age), in the kernels' order.
+PER_MESSAGE = ("pending", "held", "rlc_cnt", "round_slot", "hq_content")
 # The float constants, in this order, as one array of the level's dtype.
 CONSTS = ("bler_c", "olla_up_db", "olla_down_db", "olla_max_db", "pf_weight", "sr_grant_bytes", "avg_floor",
           "sinr_floor_lin", "ten")
@@ -66,6 +78,16 @@ def _aten_sum(x, lanes, p):
     n = x.shape[0]
     width = lanes if n >= lanes else 1
     nvec = n // width
+    if width > 1 and nvec < 4:  # no whole row of 4 vectors: each lane's sum is its elements in order
+        total = x[0] - x[0]  # (the same sums as below without adding the empty partials: +0)
+        for i in range(nvec * width, n):
+            total += x[i]
+        for lane in range(width):
+            acc = x[lane]
+            for v in range(1, nvec):
+                acc += x[v * width + lane]
+            total += acc
+        return total
     for i in range(4 * width):
         p[i] = 0
     rows = nvec // 4
@@ -101,12 +123,13 @@ def _effective_sinr(x, is_sb, n_f, terms, lanes, one):
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack_below, counts, content,
-          is_sb, terms):
+          is_sb, terms, granted):
     """Robot ``r`` of env ``e`` in slot ``s`` (``k`` in the step): the retransmission due now or a new TB
     on the grant, its HARQ feedback and the HARQ process after it (the eager
     :func:`~.l2_legacy.transmit` and :func:`~.l2_legacy.harq_next`; :func:`_acked_or_failed` for the
     rest). ``msgs``, ``harq``, ``grants``: the per-message fields, HARQ and grant rings
-    (:func:`_step_kernel`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
+    (:func:`_step_kernel`); ``granted``: ``(is_known, sinr)``, the effective SINR of a new TB as the
+    grant computed it (:func:`_granted_sinr`). :output: ``(is_new, nack, tb_bytes, sendable)``."""
     unsched = msgs[0]
     hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
     gr_sb, gr_mcs, gr_tbs = grants
@@ -133,7 +156,9 @@ def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack
         n_sb = 0
         for j in range(S):
             n_sb += is_sb[j]
-        acc = hq_acc[p, e, r] + _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)], terms, ints[10], nf[1])
+        eff = granted[1] if granted[0] and not is_retx else _effective_sinr(rx[e, r], is_sb, nf[max(n_sb, 1)],
+                                                                            terms, ints[10], nf[1])
+        acc = hq_acc[p, e, r] + eff
         nack = consts[0] * np.log(acc) + bler_b[mcs] < nack_below[k, e, r]  # u < BLER, in logit form
         fail = nack and ntx >= ints[6]
         first = s if is_new else hq_first[p, e, r]
@@ -160,21 +185,32 @@ def _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq, grants, rx, nack
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _granted_sinr(e, r, b, g, rx, est_x, gr_sb, scratch):
+    """The effective SINR of robot ``r``'s new TB on the grant at ring entry ``g`` as the grant computed
+    it, if this kernel call made the grant and the channel ``rx[b]`` is the estimate's on the granted
+    subbands (the same block, the same SNR): the same function of the same numbers, so the same value
+    without its logs. :output: ``(is_known, sinr)``."""
+    gr_eff, gr_est = scratch[13], scratch[14]
+    c = gr_est[g, r]
+    if c < 0:
+        return False, gr_eff[g, r]
+    for j in range(gr_sb.shape[3]):
+        if gr_sb[g, e, r, j] and est_x[c, e, r, j] != rx[b, e, r, j]:
+            return False, gr_eff[g, r]
+    return True, gr_eff[g, r]
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, avg_thr, sr_occasion, counts):
     """Robot ``r`` of env ``e`` in slot ``k`` with no retransmission due and no grant (``gr_tbs == 0``):
     what :func:`_send` and the kernel's robot loop do then, without their loops over the messages
     (the TB takes 0 bytes: ``tb_bytes`` is +0, the buffer unchanged, no BSR; ``outstanding - 0`` is
-    ``outstanding``). Its HARQ process is emptied; the PF average decays; an SR at its occasion."""
-    hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first = harq
+    ``outstanding``). Its HARQ process stays empty; the PF average decays; an SR at its occasion."""
+    hq_mcs = harq[3]
     zero = consts[0] - consts[0]
-    hq_active[p, e, r] = False
-    for a in range(hq_content.shape[3]):
-        hq_content[p, e, r, a] = zero
-    for j in range(hq_sb.shape[3]):
-        hq_sb[p, e, r, j] = False
+    # The process is idle, so already empty (no contents, subbands, SINR or transmissions: what either
+    # loop leaves in an idle process, and a reset's): of the eager writes only the MCS changes it.
     hq_mcs[p, e, r] = grants[1][g, e, r]
-    hq_acc[p, e, r] = zero
-    hq_ntx[p, e, r] = 0
     avg_thr[e, r] = _fma(consts[4], zero - avg_thr[e, r], avg_thr[e, r])  # ATen's lerp
     if sr_occasion[ix[k, 5], r] and known[e, r] <= zero and outstanding[e, r] <= zero:
         cum = zero  # the bytes left, summed in _send's order
@@ -289,15 +325,16 @@ def _pf_allocate(metric, need_left, is_open, order, rounds, alloc, kept_n, offer
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
-def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
+def _grant(e, k, c, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
            olla_db, avg_thr, est, scratch):
     """The grant of env ``e`` for slot ``s + k2`` on the subbands that slot's retransmissions leave
     free (the eager :func:`~.l2_legacy.grant`): PF up to each robot's need, the MCS from the estimate
     less the OLLA offset. ``est``: the gNB's estimate ``(x, se, order, cap, max_sb)``, ``[R(, S)]``;
-    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays."""
+    ``floor_db``: the estimate in dB with nothing allocated; ``scratch``: work arrays (the effective
+    SINR of each grant and the estimate ``c`` it came from kept for :func:`_granted_sinr`)."""
     metric, need_left, is_open, alloc, kept_n, offered_to, terms = scratch[:7]
     # last_db, last_mcs: each robot's estimate in dB and MCS when last granted nothing (emptied per env)
-    needy, last_db, last_mcs = scratch[10], scratch[11], scratch[12]
+    needy, last_db, last_mcs, gr_eff, gr_est = scratch[10], scratch[11], scratch[12], scratch[13], scratch[14]
     est_x, est_se, est_order, est_cap, est_max_sb = est
     hq_active, hq_sb = harq[0], harq[2]
     gr_sb, gr_mcs, gr_tbs = grants
@@ -321,9 +358,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
         for j in range(S):
             is_open[j] = True
         for r in range(R):
-            for j in range(S):
-                if hq_sb[then, e, r, j]:
-                    is_open[j] = False
+            if hq_active[then, e, r]:  # (an idle process has no subbands)
+                for j in range(S):
+                    if hq_sb[then, e, r, j]:
+                        is_open[j] = False
         if needy[0] != 0:  # -inf: a robot that needs nothing takes no part (robot 0's row is read)
             for j in range(S):
                 metric[0, j] = -np.inf
@@ -346,8 +384,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
             for j in range(S):
                 gr_sb[g, e, r, j] = False
         x_db = floor_db - olla_db[e, r]
+        gr_est[g, r] = c if n_alloc > 0 else -1
         if n_alloc > 0:
             eff = _effective_sinr(est_x[r], alloc[r], nf[n_alloc], terms, ints[10], nf[1])
+            gr_eff[g, r] = eff
             x_db = consts[8] * np.log10(max(eff, consts[7])) - olla_db[e, r]
             mcs = _mcs(sel_db, x_db)
         elif x_db == last_db[r]:  # nothing allocated: the robot's MCS of the last time, if the same estimate
@@ -365,14 +405,10 @@ def _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grant
 @numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
 def _mcs(sel_db, x_db):
     """The highest MCS whose bound is at most ``x_db`` (MCS 0 if none): the bounds are sorted."""
-    lo, hi = 0, sel_db.shape[0]
-    while lo < hi:  # lo: how many bounds are <= x_db
-        mid = (lo + hi) // 2
-        if sel_db[mid] <= x_db:
-            lo = mid + 1
-        else:
-            hi = mid
-    return max(lo - 1, 0)
+    n = 0
+    for m in range(sel_db.shape[0]):  # how many bounds are <= x_db: a count, no unpredictable branch
+        n += sel_db[m] <= x_db
+    return max(n - 1, 0)
 
 
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
@@ -390,20 +426,24 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
     t, K, D = ints[0], ints[1], ints[4]
     zero = consts[0] - consts[0]
     held_any = scratch[9]  # per slot of the RLC ring: whether the env's entry may hold bytes
+    held_flat = held.reshape(D, E, R * A)
     msgs = (unsched, bytes_, finish_slot, usable, rlc_cnt, round_slot, held, held_any)
     harq = (hq_active, hq_content, hq_sb, hq_mcs, hq_acc, hq_ntx, hq_first)
     grants = (gr_sb, gr_mcs, gr_tbs)
     content, is_sb, terms = scratch[7], scratch[8], scratch[6]
     floor_db = consts[8] * np.log10(consts[7])  # nothing allocated: the SINR's floor, in dB
     last_db = scratch[11]
+    gr_est = scratch[14]  # per grant ring entry and robot: the estimate its SINR came from (-1: none)
     for e in range(E):  # the envs are independent: one at a time, all its slots
         for r in range(R):
             last_db[r] = np.nan  # (equal to no estimate)
+            for u in range(gr_est.shape[0]):
+                gr_est[u, r] = -1
         for d in range(D):
-            held_any[d] = False
-            for r in range(R):
-                for a in range(A):
-                    held_any[d] |= held[d, e, r, a] != zero
+            n_held = 0  # (a count: a loop the compiler vectorises)
+            for i in range(R * A):
+                n_held += held_flat[d, e, i] != zero
+            held_any[d] = n_held > 0
         for k in range(K):
             s = t * K + k
             d = ix[k, 3]
@@ -420,9 +460,10 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                     _idle(e, r, k, p, g, ix, consts, harq, grants, unsched, known, outstanding, avg_thr,
                           sr_occasion, counts)
                     continue
+                granted = _granted_sinr(e, r, b, g, rx, est_x, gr_sb, scratch)
                 is_new, nack, tb_bytes, sendable = _send(e, r, k, s, ix, ints, consts, bler_b, nf, msgs, harq,
                                                          grants, rx[b], nack_below, counts, content, is_sb,
-                                                         terms)
+                                                         terms, granted)
                 if is_new:  # OLLA on first transmissions
                     step_db = consts[1] if nack else -consts[2]
                     olla_db[e, r] = min(max(olla_db[e, r] + step_db, -consts[3]), consts[3])
@@ -438,8 +479,163 @@ def _step_kernel(ints, ix, consts, bler_b, sel_db, tbs_per_sb, nf, sr_occasion, 
                     known[e, r] = consts[5]
                     counts[6, e, r] += 1
             est = (est_x[c, e], est_se[c, e], est_order[c, e], est_cap[c, e], est_max_sb[c, e])
-            _grant(e, k, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known, outstanding,
-                   olla_db, avg_thr, est, scratch)
+            _grant(e, k, c, ix, ints, consts, sel_db, tbs_per_sb, nf, floor_db, harq, grants, known,
+                   outstanding, olla_db, avg_thr, est, scratch)
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _open_kernel(t, t_now, consts, send, msg_bytes, q_old, q_cap, msgs_old, msgs, unsched, bytes_,
+                 finish_slot, usable, kpis, keep):
+    """The start of step ``t`` (``t_now``: the level's device counter, the generation step of a message
+    captured now): the base class's capture into ``q_cap`` (the queue ``q_old`` plus a message where
+    ``send`` and not full; ``(bytes, size, gen, length)``, ``[E, R(, F)]``), the queue in age order
+    (:func:`~.l2_legacy.messages_by_age`: ``bytes_``, ``usable`` ``[E, R, A]``), the per-message fields
+    ``msgs_old`` of the messages gone cleared into ``msgs`` (``L2State.forget``; :data:`PER_MESSAGE`),
+    the bytes not yet in a TB nor held by RLC (``unsched``), ``finish_slot`` -1; ``kpis`` rows
+    ``offered`` and ``overflow``. ``keep``: scratch ``[E * R * A]``."""
+    qb_old, qs_old, qg_old, ql_old = q_old
+    qb, qs, qg, ql = q_cap
+    E, R, F = qb.shape
+    A = bytes_.shape[2]
+    zero, one = consts[0] - consts[0], consts[0] / consts[0]
+    for e in range(E):
+        for r in range(R):
+            n = ql_old[e, r]
+            for j in range(F):
+                qb[e, r, j], qs[e, r, j], qg[e, r, j] = qb_old[e, r, j], qs_old[e, r, j], qg_old[e, r, j]
+            is_full = n >= F
+            kpis[0, e, r] = one if send[e, r] else zero
+            kpis[4, e, r] = one if send[e, r] and is_full else zero
+            if send[e, r] and not is_full:  # captured at the tail
+                qb[e, r, n], qs[e, r, n], qg[e, r, n] = msg_bytes[e, r], msg_bytes[e, r], t_now
+                n += 1
+            ql[e, r] = n
+            for a in range(A):
+                bytes_[e, r, a], usable[e, r, a], finish_slot[e, r, a] = zero, False, -1
+            for j in range(n):  # whole bytes, at index A - 1 - age
+                a = A - 1 - (t - qg[e, r, j])
+                bytes_[e, r, a], usable[e, r, a] = np.ceil(qb[e, r, j]), True
+    _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable, keep)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _forget(zero, one, msgs_old, msgs, unsched, bytes_, usable, keep):
+    """``msgs_old`` times the 0/1 mask of the live messages (``usable``) into ``msgs`` (the values of
+    ``L2State.forget``), ``unsched`` from them, ``bytes_`` +inf where no message is. Every field flat,
+    ``[n]`` or ``[D or P, n]`` (``n = E * R * A``), in memory order, ``keep`` ``[n]`` the mask as 0/1
+    in the level's dtype: loops the compiler vectorises."""
+    n = bytes_.size
+    pending_old, rlc_old, round_old = msgs_old[0].reshape(n), msgs_old[2].reshape(n), msgs_old[3].reshape(n)
+    held_old, content_old = msgs_old[1].reshape(-1, n), msgs_old[4].reshape(-1, n)
+    pending, rlc_cnt, round_slot = msgs[0].reshape(n), msgs[2].reshape(n), msgs[3].reshape(n)
+    held, content = msgs[1].reshape(-1, n), msgs[4].reshape(-1, n)
+    bytes_f, unsched_f, usable_f = bytes_.reshape(-1), unsched.reshape(-1), usable.reshape(-1)
+    for i in range(n):
+        keep[i] = one if usable_f[i] else zero
+        keep_n = 1 if usable_f[i] else 0
+        pending[i] = pending_old[i] * keep[i]
+        rlc_cnt[i], round_slot[i] = rlc_old[i] * keep_n, round_old[i] * keep_n
+        unsched_f[i] = bytes_f[i] - pending[i]
+    for d in range(held.shape[0]):  # (whole bytes: the sum over the ring is exact in any order)
+        for i in range(n):
+            held[d, i] = held_old[d, i] * keep[i]
+            unsched_f[i] -= held[d, i]
+    for p in range(content.shape[0]):
+        for i in range(n):
+            content[p, i] = content_old[p, i] * keep[i]
+    for i in range(n):
+        if not usable_f[i]:  # +inf: can no longer complete
+            bytes_f[i] = np.inf
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _close_kernel(t, t_now, consts, step_times, deadline, watts, q_cap, q_new, fresh_old, fresh_gen, msgs,
+                  unsched, bytes_, finish_slot, usable, counts, counters, kpis, rows, lanes):
+    """The end of step ``t``: the bytes in HARQ carried on (``pending``), then the base class's
+    bookkeeping (``L2-legacy``'s ``_close_step`` and ``DiscreteLevel._step``): deliveries, their delays
+    and bytes, timeouts and RLC losses, the queue ``q_cap`` compacted into ``q_new``, the freshest
+    delivery ``fresh_gen`` (from ``fresh_old``), every per-message field one step older, the step's
+    ``counts`` added to ``counters``, and the rest of ``kpis`` (``[len(KPI_KEYS), E, R]``).
+    ``step_times``: ``(slot_s, step_s)`` in the level's dtype; ``watts`` ``[E, R]`` transmit power;
+    ``rows``, ``lanes``: :func:`_close_queue`'s."""
+    E, R, A = bytes_.shape
+    n = bytes_.size
+    pending, held = msgs[0].reshape(n), msgs[1].reshape(-1, n)  # flat, in memory order
+    bytes_f, unsched_f, usable_f, finish_f = (bytes_.reshape(n), unsched.reshape(n), usable.reshape(n),
+                                              finish_slot.reshape(n))
+    zero = consts[0] - consts[0]
+    slot_s = step_times[0]
+    for i in range(n):  # what a message still has in HARQ: not acked, not to resend, not held
+        b = bytes_f[i] if usable_f[i] and finish_f[i] < 0 else zero
+        bytes_f[i] = b
+        pending[i] = b - unsched_f[i]
+    for d in range(held.shape[0]):  # (whole bytes: exact in any order)
+        for i in range(n):
+            pending[i] -= held[d, i]
+    for e in range(E):
+        for r in range(R):
+            _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen,
+                         bytes_, finish_slot, usable, kpis, rows, lanes)
+            kpis[5, e, r] = t_now + 1 - fresh_gen[e, r]  # AoI at the end of the step
+            kpis[6, e, r] = watts[e, r] * (step_times.dtype.type(counts[-1, e, r]) * slot_s)
+            for c in range(len(counters)):
+                counters[c][e, r] += counts[c, e, r]
+    _age(msgs[0].reshape(-1), A, zero)  # every per-message field one step older (L2State.aged)
+    _age(msgs[1].reshape(-1), A, zero)
+    _age(msgs[4].reshape(-1), A, zero)
+    _age(msgs[2].reshape(-1), A, 0)
+    _age(msgs[3].reshape(-1), A, 0)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _close_queue(e, r, t, t_now, zero, step_times, deadline, q_cap, q_new, fresh_old, fresh_gen, bytes_,
+                 finish_slot, usable, kpis, rows, lanes):
+    """Robot ``r`` of env ``e`` at the end of step ``t``: each queued message delivered (its delay and
+    bytes), dropped (its deadline reached, or lost by RLC) or kept, oldest first, in ``q_new``; the
+    freshest delivery; ``kpis`` rows ``delivered``, ``delay_sum``, ``timeouts``, ``throughput`` and
+    ``queued_msgs``. The delays and bytes summed over the queue as the eager step does (in the queue's
+    layout, 0 where not delivered, in ATen's order: ``rows`` ``[3, max(F, 4 lanes)]`` scratch)."""
+    qb, qs, qg, ql = q_cap
+    nb, ns, ng, nl = q_new
+    A, F = bytes_.shape[2], qb.shape[2]
+    slot_s, step_s, as_dt = step_times[0], step_times[1], step_times.dtype.type
+    delivered, timeouts, kept = 0, 0, 0
+    fresh = fresh_old[e, r]
+    for j in range(F):
+        rows[0, j], rows[1, j] = zero, zero
+    for j in range(ql[e, r]):
+        gen = qg[e, r, j]
+        a = A - 1 - (t - gen)
+        if finish_slot[e, r, a] >= 0:  # delivered in slot finish_slot
+            # in the level's dtype, as the eager step: age + (finish_slot + 1) * slot_s / step_s
+            finish_s = as_dt(finish_slot[e, r, a] + 1) * slot_s
+            rows[0, j] = as_dt(t_now - gen) + finish_s / step_s
+            rows[1, j] = qs[e, r, j]
+            delivered += 1
+            fresh = max(fresh, gen)
+        elif not usable[e, r, a] or t_now - gen + 1 >= deadline[e, r]:
+            timeouts += 1
+        else:
+            nb[e, r, kept], ns[e, r, kept], ng[e, r, kept] = bytes_[e, r, a], qs[e, r, j], gen
+            kept += 1
+    for j in range(kept, F):
+        nb[e, r, j], ns[e, r, j], ng[e, r, j] = zero, zero, 0
+    nl[e, r] = kept
+    fresh_gen[e, r] = fresh
+    delay_sum, size_sum = _aten_sum(rows[0, :F], lanes, rows[2]), _aten_sum(rows[1, :F], lanes, rows[2])
+    kpis[1, e, r], kpis[2, e, r], kpis[3, e, r] = delivered, delay_sum, timeouts
+    kpis[7, e, r], kpis[8, e, r] = size_sum / step_s, kept
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy", _nrt=False)
+def _age(x, A, zero):
+    """Each row ``[A]`` of ``x`` (flat, ``[n * A]``) one step older (``L2State.aged``): index ``a`` takes
+    ``a + 1``'s value, the newest is empty. (One shift of the whole array, then the newest of each row
+    emptied: what crosses a row's end is overwritten.)"""
+    for i in range(x.shape[0] - 1):
+        x[i] = x[i + 1]
+    for i in range(A - 1, x.shape[0], A):
+        x[i] = zero
 
 
 def available(device: torch.device) -> bool:
@@ -466,21 +662,40 @@ def constants(level) -> dict:
             "simd_lanes": lanes}
     return {
         "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
+        "scratch": _scratch(level, lanes),  # the step kernel's work arrays (each written before it is read)
+        "rings": {},  # _ring_entries' memo
+        "rows": np.empty((3, max(cfg.buffer_msgs, 4 * lanes)), torch.empty(0, dtype=dt).numpy().dtype),
         "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
+        # The slot and the step, s, as the eager step's tensor arithmetic rounds them (to its dtype).
+        "step_times": torch.tensor([cfg.slot_s, cfg.step_s], dtype=dt).numpy(),
         "tables": tuple(x.detach().cpu().clone().numpy() for x in (
             level._bler_b, level._sel_db, level._tbs_per_sb,
             torch.arange(cfg.num_subbands + 1, dtype=dt), level._sr_occasion)),
     }
 
 
-def _ring_entries(l2, t: int, K: int) -> np.ndarray:
+def _scratch(level, lanes: int) -> tuple:
+    """The work arrays of :func:`_step_kernel` (its ``scratch``; :func:`_grant` names them)."""
+    R, A, S, dt = level.R, level.cfg.timeout_steps, level.cfg.num_subbands, level.dtype
+    dt, K2 = torch.empty(0, dtype=dt).numpy().dtype, level.l2.k2_slots
+    return (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
+            np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * lanes, dt), np.empty(A, dt),
+            np.empty(S, np.bool_), np.empty(level.l2.rlc_delay_slots + 1, np.bool_), np.empty(R, np.int64),
+            np.empty(R, dt), np.empty(R, np.int64), np.empty((K2, R), dt), np.empty((K2, R), np.int64))
+
+
+def _ring_entries(l2, t: int, K: int, memo: dict) -> np.ndarray:
     """Per slot ``s`` of step ``t`` (``[K, 6]`` int64): its HARQ process ``s % P``, its grant ``s % K2``,
     the process of the slot it grants for ``(s + K2) % P``, the RLC entries of ``s`` and of
-    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``."""
-    s = t * K + np.arange(K, dtype=np.int64)
+    ``s + rlc_delay_slots``, its SR occasion ``s % sr_period_slots``. A function of ``t K`` modulo the
+    rings' common period: kept in ``memo`` by it (a few hundred entries at most)."""
     P, K2, D = l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1
-    return np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
-                     s % l2.sr_period_slots], 1)
+    key = (t * K) % math.lcm(P, K2, D, l2.sr_period_slots)
+    if key not in memo:
+        s = key + np.arange(K, dtype=np.int64)
+        memo[key] = np.stack([s % P, s % K2, (s + K2) % P, s % D, (s + l2.rlc_delay_slots) % D,
+                              s % l2.sr_period_slots], 1)
+    return memo[key]
 
 
 def estimate(level, x_est: torch.Tensor) -> tuple:
@@ -498,10 +713,33 @@ def estimate(level, x_est: torch.Tensor) -> tuple:
 def _estimate(level, x_est: torch.Tensor) -> tuple:
     """:func:`estimate`'s numbers, computed."""
     se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
-    order = torch.argsort(se_est, dim=-1, descending=True)
+    S = se_est.shape[-1]
+    if S <= SORT_BY_INSERTION_MAX:  # torch's order, ties included, at a fraction of its cost
+        order = torch.empty(se_est.shape, dtype=torch.long)
+        _argsort_descending(se_est.reshape(-1, S).numpy(), order.view(-1, S).numpy())
+    else:
+        order = torch.argsort(se_est, dim=-1, descending=True)
     cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
                                             level._gap_lin, level._min_sinr_lin, level.cfg.num_subbands)
     return x_est, se_est, order, cap, max_sb
+
+
+@numba.njit(cache=True, error_model="numpy", _nrt=False)
+def _argsort_descending(x, order):
+    """``order[i]`` (``[N, S]`` int64): the indices of row ``x[i]`` by decreasing value, equal values by
+    index (the stable order: what ``torch.argsort(descending=True)`` gives on the CPU up to
+    :data:`SORT_BY_INSERTION_MAX` elements, where std::sort is an insertion sort). By rank: element
+    ``a`` goes after every greater element and every equal one before it (compares, no branches)."""
+    N, S = x.shape
+    for i in range(N):
+        row = x[i]
+        for a in range(S):
+            key, rank = row[a], 0
+            for b in range(a):
+                rank += row[b] >= key
+            for b in range(a + 1, S):
+                rank += row[b] > key
+            order[i, rank] = a
 
 
 def _by_block(values: list) -> tuple[list, np.ndarray]:
@@ -514,21 +752,57 @@ def _by_block(values: list) -> tuple[list, np.ndarray]:
     return distinct, np.array(of_slot, dtype=np.int64)
 
 
-def serve(level, q, ctx):
-    """``level``'s step through the kernel: the eager loop's draws and events."""
-    cfg, inputs = level.cfg, level._slot_inputs
-    E, R, A, t = level.E, level.R, cfg.timeout_steps, ctx.t
-    idx, bytes_, live = messages_by_age(q, t, A)
-    st = level.l2_state.forget(~live)
-    # The kernel writes the state in place: each field contiguous (a no-op unless load_state gave a
-    # strided one), the [E, R] fields this step's own (a state() taken before keeps its values).
-    st = L2StateView.own(st)
-    unsched = bytes_ - st.pending - st.held.sum(0)  # bytes not yet in any TB nor held by RLC
-    bytes_ = bytes_.masked_fill(~live, math.inf)  # +inf: can no longer complete
-    usable = live.clone()
-    finish_slot = torch.full((E, R, A), -1, dtype=torch.long)
+def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+    """``level``'s control step (``DiscreteLevel._step``: capture, service, ageing, timeouts, KPIs) with
+    its bookkeeping in :func:`_open_kernel` and :func:`_close_kernel` around the slot loop
+    :func:`_step_kernel`: the eager step's draws and events. Inputs as ``DiscreteLevel._step``'s,
+    ``[E, R]`` each; :output: the KPI dict, ``[E, R]`` each."""
+    inputs, dt, t, t_now = level._slot_inputs, level.dtype, level.t, int(level.t_now)
+    E, R, A = level.E, level.R, level.cfg.timeout_steps
+    # What the kernels write is this step's own (a state() taken before keeps its values) but for the
+    # rings and the counters, written in place as in the eager step; each contiguous (one signature).
+    q = level.queue
+    q_old = tuple(x.contiguous() for x in (q.bytes, q.size, q.gen, q.length))
+    # the queue after capture, after the step
+    q_cap, q_new = (tuple(torch.empty_like(x) for x in q_old) for _ in range(2))
+    st = {k: v.contiguous() for k, v in level.l2_state.tensors().items()}
+    msgs_old = tuple(st[k] for k in PER_MESSAGE)
+    st.update({k: torch.empty_like(st[k]) for k in PER_MESSAGE})
+    st.update({k: st[k].clone() for k in L2StateView.OWN})
+    msgs = tuple(st[k].numpy() for k in PER_MESSAGE)
+    for k, v in level.counters.items():
+        level.counters[k] = v.contiguous()
+    work = (torch.empty(E, R, A, dtype=dt), torch.empty(E, R, A, dtype=dt),  # unsched, bytes_
+            torch.empty(E, R, A, dtype=torch.long), torch.empty(E, R, A, dtype=torch.bool))  # finish, usable
+    work_np = tuple(x.numpy() for x in work)
+    kpis = torch.empty(len(KPI_KEYS), E, R, dtype=dt)
+    _open_kernel(t, t_now, inputs["consts"], send.contiguous().numpy(), msg_bytes.contiguous().numpy(),
+                 _np(q_old), _np(q_cap), _np(msgs_old), msgs, *work_np, kpis.numpy(),
+                 np.empty(E * R * A, work_np[0].dtype))
+    counts = _slots(level, t, snr_db, st, work_np)
+    fresh_gen = torch.empty_like(level.fresh_gen)
+    _close_kernel(t, t_now, inputs["consts"], inputs["step_times"], deadline.contiguous().numpy(),
+                  radio.dbm_to_w(tx_dbm).contiguous().numpy(), _np(q_cap), _np(q_new),
+                  level.fresh_gen.contiguous().numpy(), fresh_gen.numpy(), msgs, *work_np, counts,
+                  tuple(level.counters[k].numpy() for k in COUNTS[:-1]), kpis.numpy(), inputs["rows"],
+                  inputs["ints"][-1])
+    level.queue, level.fresh_gen, level.l2_state = Queue(*q_new), fresh_gen, L2State(**st)
+    level.t, level.t_now = t + 1, level.t_now + 1
+    return dict(zip(KPI_KEYS, kpis, strict=True))
 
-    snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
+
+def _np(tensors: tuple) -> tuple:
+    """numpy views of CPU tensors."""
+    return tuple(x.numpy() for x in tensors)
+
+
+def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.ndarray:
+    """The slot loop of step ``t``: the step's draws, the channel and the estimates in torch (the eager
+    order), then :func:`_step_kernel` on ``st`` (the :class:`~.l2_legacy.L2State` fields by name) and
+    ``work`` (``unsched``, ``bytes_``, ``finish_slot``, ``usable``). :output: ``counts``
+    ``[len(COUNTS), E, R]`` int64."""
+    inputs, cfg, E, R = level._slot_inputs, level.cfg, level.E, level.R
+    snr3 = radio.db_to_lin(snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
     uniforms, block_starts, new_blocks = level._draw_step(t)
     nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
     slots = list(level._slot_channels(t, snr3, block_starts, new_blocks, estimate=estimate))
@@ -536,24 +810,13 @@ def serve(level, q, ctx):
     est, est_of_slot = _by_block([x[3] for x in slots])
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
     counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
-    S, dt = cfg.num_subbands, inputs["consts"].dtype
-    scratch = (np.empty((R, S), dt), np.empty(R, np.int64), np.empty(S, np.bool_), np.empty((R, S), np.bool_),
-               np.empty(R, np.int64), np.empty(S, np.int64), np.empty(S + 4 * int(inputs["ints"][-1]), dt),
-               np.empty(A, dt), np.empty(S, np.bool_),
-               np.empty(inputs["ints"][INTS.index("rlc_ring")], np.bool_), np.empty(R, np.int64),
-               np.empty(R, dt), np.empty(R, np.int64))
     ints = inputs["ints"].copy()
     ints[0] = t
-    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots), inputs["consts"], *inputs["tables"],
-                 nack_below.numpy(), torch.stack(rx).numpy(),
-                 rx_of_slot, *(x.numpy() for x in est), est_of_slot,
-                 *(x.numpy() for x in (unsched, bytes_, finish_slot, usable)),
-                 *(getattr(st, f).numpy() for f in L2StateView.KERNEL_FIELDS), counts, scratch)
-    counts = torch.from_numpy(counts)
-    for key, c in zip(COUNTS, counts, strict=True):
-        if key in level.counters:
-            level.counters[key] += c
-    return level._close_step(q, st, idx, live, usable, bytes_, unsched, finish_slot, counts[-1])
+    _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots, inputs["rings"]), inputs["consts"],
+                 *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(), rx_of_slot,
+                 *(x.numpy() for x in est), est_of_slot, *work,
+                 *(st[f].numpy() for f in L2StateView.KERNEL_FIELDS), counts, inputs["scratch"])
+    return counts
 
 
 class L2StateView:
@@ -563,10 +826,4 @@ class L2StateView:
     KERNEL_FIELDS = ("rlc_cnt", "round_slot", "held", "hq_active", "hq_content", "hq_sb", "hq_mcs", "hq_acc",
                      "hq_ntx", "hq_first", "gr_sb", "gr_mcs", "gr_tbs", "known", "outstanding", "olla_db",
                      "avg_thr")
-    OWN = ("known", "outstanding", "olla_db", "avg_thr")
-
-    @classmethod
-    def own(cls, st):
-        """``st`` with contiguous fields and the per-robot ``[E, R]`` fields copied."""
-        fields = {k: (v.clone() if k in cls.OWN else v.contiguous()) for k, v in st.tensors().items()}
-        return dataclasses.replace(st, **fields)
+    OWN = ("known", "outstanding", "olla_db", "avg_thr")  # [E, R], copied per step (written in place)

@@ -131,7 +131,7 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-# The slot loops: "numba" (a step's slots as one numba kernel, _l2_numba; the CPU's default) and "eager"
+# The slot loops: "numba" (a step in numba kernels, its slots one, _l2_numba; the CPU's default) and "eager"
 # (torch ops, host-side branches skip rare work on the CPU; any device). The same events from one seed.
 SLOT_LOOPS = ("numba", "eager")
 COUNTER_KEYS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr")
@@ -463,8 +463,9 @@ class NetL2Legacy(DiscreteLevel):
     runs then).
 
     ``slot_loop``: ``"numba"`` (the default on the CPU) runs each control step's slot loop as one numba
-    kernel (:mod:`._l2_numba`; ``make_engine(..., backend="numba")``); ``"eager"`` (the default
-    elsewhere) runs each slot as torch ops. The same events from the same seed (docs/design.md §2).
+    kernel and its bookkeeping as two more (:mod:`._l2_numba`; ``make_engine(..., backend="numba")``);
+    ``"eager"`` (the default elsewhere) runs each slot as torch ops. The same events from the same seed
+    (docs/design.md §2).
     """
 
     name = "L2-legacy"
@@ -579,11 +580,14 @@ class NetL2Legacy(DiscreteLevel):
                         mech.to_envs_last(cap), max_sb.t().contiguous())
 
     # ------------------------------------------------------------------ service
-    def _serve(self, q: Queue, ctx: StepContext) -> Service:
-        if self.slot_loop == "numba" and self.trace is None:
+    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+        if self.slot_loop == "numba" and self.trace is None:  # the whole step in numba kernels
             from isaac_net.core.levels import _l2_numba
 
-            return _l2_numba.serve(self, q, ctx)
+            return _l2_numba.step(self, send, msg_bytes, snr_db, tx_dbm, deadline)
+        return super()._step(send, msg_bytes, snr_db, tx_dbm, deadline)
+
+    def _serve(self, q: Queue, ctx: StepContext) -> Service:
         return self._serve_eager(q, ctx)
 
     def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor,
@@ -734,7 +738,7 @@ class NetL2Legacy(DiscreteLevel):
     def _close_step(self, q: Queue, st: L2State, idx: torch.Tensor, live: torch.Tensor, usable: torch.Tensor,
                     bytes_: torch.Tensor, unsched: torch.Tensor, finish_slot: torch.Tensor,
                     tx_slots: torch.Tensor) -> Service:
-        """The end of a step (either slot loop): the bytes in HARQ carried to the next step, the state
+        """The end of an eager step: the bytes in HARQ carried to the next step, the state
         ``st`` kept, and the step's :class:`Service` in the queue's layout (``tx_slots`` ``[E, R]``: the
         slots each robot transmitted in)."""
         done_a = finish_slot >= 0
