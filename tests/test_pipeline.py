@@ -7,8 +7,8 @@ replaced by stubs that write the fixture artifacts below, so they need no torch 
 
 import copy
 import json
-import os
 import math
+import os
 import re
 import shutil
 import signal
@@ -199,9 +199,11 @@ def fixture_artifacts() -> dict[str, dict]:
 # own merge. At R = 8 CMA-ES overtakes the gradient by 10 t and the uniform policy is close to the
 # best; at R = 32 CMA-ES and TPE never reach the gradient, charged in full or not.
 FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval": 8, "budget_factor": 10,
-             "budgets": [1, 3, 10], "cover_calibration_R": [32], "hybrid_sigma0": 0.05, "random_per_round": 16,
+             "budgets": [1, 3, 10], "cover_calibration_R": [32], "hybrid_sigma0": 0.05,
+             "random_per_round": 16,
              "n_boot": 200, "gradient": {"iters": 60, "T": 16, "lr": 0.1, "tau_start": 0.2, "tau_end": 0.02},
-             "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}, "penalty": 100.0},
+             "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},
+                      "penalty": 100.0},
              "targets": {"amortised_R": [32], "budget": 10, "better_cells_min": 0.8, "charged_R": [32]}}
 
 
@@ -226,15 +228,20 @@ def fleet_opt_jobs(R: int) -> tuple[dict, list]:
     calibration 20 s; CMA-ES runs 10 t + 20 s where R is covered)."""
     start = [8.0, 8.2, 7.9, 8.1]
     grad = [3.0, 3.2, 2.9, 3.1]
-    shift = (lambda v: [x + v for x in grad])
+
+    def shift(v):
+        return [x + v for x in grad]
+
     gradients = {"gradient, L1D relaxed, calibrated": shift(0.5), "gradient, QAD relaxed, calibrated": grad,
                  "gradient, QAD mean-field, calibrated": shift(1.0)}
     results = {n: _fleet_result(n, _fleet_trace((0.0, 0, start), (2.0, 0, c))) for n, c in gradients.items()}
     results["gradient (chosen model)"] = _fleet_result(
         "gradient (chosen model)", _fleet_trace((0.0, 0, start), (1.0, 0, shift(1.5)), (2.0, 12, grad)))
     uniform = [3.1, 3.0, 3.3, 3.0] if R == 8 else [6.0, 6.4, 5.9, 6.3]
-    results["uniform policy"] = _fleet_result("uniform policy", _fleet_trace((0.0, 280, uniform)), p=0.3, tx_dbm=17.0)
-    payload = {"R": R, "E": 4, "chosen": "gradient, QAD relaxed, calibrated", "t_grad_s": 2.0, "select_s": 0.1,
+    results["uniform policy"] = _fleet_result("uniform policy", _fleet_trace((0.0, 280, uniform)), p=0.3,
+                                              tx_dbm=17.0)
+    payload = {"R": R, "E": 4, "chosen": "gradient, QAD relaxed, calibrated", "t_grad_s": 2.0,
+               "select_s": 0.1,
                "select_rollouts": 12, "train_cost": {n: sum(c) / 4 for n, c in gradients.items()},
                "calibration_cost": {"targets_s": 5.0, "fit_s": 15.0, "total_s": 20.0, "fit_per_size_s": {}},
                "results": results}
@@ -247,7 +254,8 @@ def fleet_opt_jobs(R: int) -> tuple[dict, list]:
         ("hybrid", "hybrid (gradient + CMA-ES)", 20.0,
          _fleet_trace((2.0, 12, grad), (12.0, 900, shift(-0.2)))),
     ]
-    return payload, [{"R": R, "method": m, "budget_s": b, "result": _fleet_result(n, tr)} for m, n, b, tr in boxes]
+    return payload, [{"R": R, "method": m, "budget_s": b, "result": _fleet_result(n, tr)}
+                     for m, n, b, tr in boxes]
 
 
 def fleet_opt_artifact() -> dict:
@@ -257,7 +265,8 @@ def fleet_opt_artifact() -> dict:
 
     jobs = [fleet_opt_jobs(R) for R in (8, 32)]
     payload = fleet_opt.merge_payload([g for g, _ in jobs], [b for _, bs in jobs for b in bs], FLEET_CFG)
-    return json.loads(json.dumps({**payload, "figure": "fleet_opt.png", "provenance": _prov("fleet_opt", FLEET_CFG)}))
+    art = {**payload, "figure": "fleet_opt.png", "provenance": _prov("fleet_opt", FLEET_CFG)}
+    return json.loads(json.dumps(art))
 
 
 def sensitivity_artifact() -> dict:
@@ -585,7 +594,8 @@ def test_fleet_opt_merge_slices_the_traces_at_the_budgets_and_pairs_the_cells():
     assert row[8, 10, "gradient (chosen model)"]["rollouts"] == 12  # charged for the choice among models
     comp = {(c["R"], c["budget_factor"], c["method"], c["baseline"]): c for c in art["comparisons"]}
     c = comp[8, 10, "gradient (chosen model)", "CMA-ES"]
-    assert c["diff"] == pytest.approx(1.0) and c["lo"] > 0 and c["verdict"] == "worse" and c["better_cells"] == 0
+    assert c["diff"] == pytest.approx(1.0) and c["lo"] > 0 and c["verdict"] == "worse"
+    assert c["better_cells"] == 0
     c = comp[32, 10, "gradient (chosen model)", "TPE (Optuna)"]
     assert c["diff"] == pytest.approx(-3.0) and c["hi"] < 0 and c["better_cells"] == 1
     charged = {(c["R"], c["method"], c["baseline"]): c for c in art["charged"]}
@@ -617,12 +627,13 @@ def test_fleet_opt_targets_are_unmeasured_without_their_size_and_unmet_when_a_ba
 
 def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
     page = build_page(tmp_path, fixture_artifacts())
-    fo = page[page.index("## Gradients against black-box optimisers on L2-legacy"):page.index("## Neural proxy")]
-    assert "- Telemetry robots, a share 0.5 of each cell (4, 16 robots at the sizes run), messages 1-2 kB, 20-200 m" in fo
+    fo = section(page, "## Gradients against black-box optimisers on L2-legacy")
+    assert ("- Telemetry robots, a share 0.5 of each cell (4, 16 robots at the sizes run), messages 1-2 kB, "
+            "20-200 m") in fo
     assert "- At 10 t (20 s) the lowest held-out cost is CMA-ES's (2.05)." in fo
     assert "- At 10 t (20 s) the lowest held-out cost is hybrid (gradient + CMA-ES)'s (2.85)." in fo
-    assert ("- At 10 t, gradient (chosen model) is **worse than** CMA-ES: difference 1 [0.925, 1.05], better in 0 "
-            "of the cells. Here the gradient side loses.") in fo
+    assert ("- At 10 t, gradient (chosen model) is **worse than** CMA-ES: difference 1 [0.925, 1.05], "
+            "better in 0 of the cells. Here the gradient side loses.") in fo
     assert ("against CMA-ES given the same 22 s: not measured (CMA-ES ran 20 s).") in fo
     assert ("against CMA-ES given the same 22 s: better than it, difference -2 [-2, -2], better in 1 of the "
             "cells.") in fo

@@ -22,7 +22,6 @@ At a budget, a method's solution is its best-so-far: the recorded solution with 
 held-out cost within the budget (``isaac_net.optimise.best_at``), the same pick for every method.
 """
 
-
 import json
 import math
 import time
@@ -37,8 +36,12 @@ except ImportError:  # imported as benchmarks.diff.fleet_opt (tests)
     from benchmarks.diff._plots import fleet_opt as plot_fleet_opt
 
 #: The black-box methods, each its own job, by the part's name.
-BLACKBOX = {"cmaes": "CMA-ES", "tpe": "TPE (Optuna)", "random": "random search",
-            "hybrid": "hybrid (gradient + CMA-ES)"}
+BLACKBOX = {
+    "cmaes": "CMA-ES",
+    "tpe": "TPE (Optuna)",
+    "random": "random search",
+    "hybrid": "hybrid (gradient + CMA-ES)",
+}
 GRADIENT = "gradient (chosen model)"
 UNIFORM = "uniform policy"
 #: The baselines every gradient comparison is made against, and who is compared.
@@ -51,11 +54,23 @@ def problem(params: dict, R: int):
     """The fleet of ``R`` robots per cell, its decisions and the scorer on the level."""
     from isaac_net import optimise as opt
 
-    fleet = opt.make_fleet(E=int(params["E"]), R=int(R), T=int(params["T_eval"]), seed=int(params["seed"]),
-                           dtype=getattr(torch, params["dtype"]))
+    fleet = opt.make_fleet(
+        E=int(params["E"]),
+        R=int(R),
+        T=int(params["T_eval"]),
+        seed=int(params["seed"]),
+        dtype=getattr(torch, params["dtype"]),
+    )
     cfg = cell_config(params.get("cell", {}))
-    scorer = opt.Scorer(fleet, params["cost"], T=int(params["T_eval"]), warmup=int(params["warmup_eval"]),
-                        level=params["level"], cfg=cfg, seed=int(params["seed"]))
+    scorer = opt.Scorer(
+        fleet,
+        params["cost"],
+        T=int(params["T_eval"]),
+        warmup=int(params["warmup_eval"]),
+        level=params["level"],
+        cfg=cfg,
+        seed=int(params["seed"]),
+    )
     return fleet, opt.FleetDecisions(fleet), scorer, cfg
 
 
@@ -65,8 +80,14 @@ def model_name(m: dict) -> str:
 
 def dump(res) -> dict:
     """A :class:`~isaac_net.optimise.Result` as JSON (decisions left out)."""
-    return {"name": res.name, "wall_s": res.wall_s, "rollouts": res.rollouts,
-            "heldout_cells": res.heldout_cost.tolist(), "trace": res.trace, "info": res.info}
+    return {
+        "name": res.name,
+        "wall_s": res.wall_s,
+        "rollouts": res.rollouts,
+        "heldout_cells": res.heldout_cost.tolist(),
+        "trace": res.trace,
+        "info": res.info,
+    }
 
 
 def calibration_cost(targets: list, fits: list, model: str) -> dict:
@@ -77,9 +98,15 @@ def calibration_cost(targets: list, fits: list, model: str) -> dict:
     targets_s = sum(d["provenance"]["wall_s"] for d in t if d.get("part") in ("train", "heldout"))
     fit = {json.loads(open(p).read())["model"]: json.loads(open(p).read()) for p in fits}
     fit_s = float(fit[model]["wall_fit_s"]) if model in fit else None
-    per_size = {c["R"][0]: c["setup"].get("wall_fit_s") for c in fit[model]["calibrations"]} if model in fit else {}
-    return {"targets_s": targets_s, "fit_s": fit_s, "total_s": None if fit_s is None else targets_s + fit_s,
-            "fit_per_size_s": per_size}
+    per_size = (
+        {c["R"][0]: c["setup"].get("wall_fit_s") for c in fit[model]["calibrations"]} if model in fit else {}
+    )
+    return {
+        "targets_s": targets_s,
+        "fit_s": fit_s,
+        "total_s": None if fit_s is None else targets_s + fit_s,
+        "fit_per_size_s": per_size,
+    }
 
 
 def gradient_part(stage, params: dict, out: dict, R: int) -> None:
@@ -92,14 +119,29 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     runs, train = {}, {}
     for m in params["models"]:
         cal = Calibration.load(out["calibration"], mode=m["mode"], sends=m["sends"])
-        res = opt.gradient(dec, scorer, opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))), calibration=cal,
-                           cfg=cfg, iters=int(g["iters"]), lr=float(g["lr"]), T=int(g["T"]),
-                           warmup=int(g["warmup"]), tau_start=float(g["tau_start"]), tau_end=float(g["tau_end"]),
-                           lam=float(g["lam"]), score_every=int(g["score_every"]), seed=int(params["seed"]),
-                           name=model_name(m))
+        res = opt.gradient(
+            dec,
+            scorer,
+            opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))),
+            calibration=cal,
+            cfg=cfg,
+            iters=int(g["iters"]),
+            lr=float(g["lr"]),
+            T=int(g["T"]),
+            warmup=int(g["warmup"]),
+            tau_start=float(g["tau_start"]),
+            tau_end=float(g["tau_end"]),
+            lam=float(g["lam"]),
+            score_every=int(g["score_every"]),
+            seed=int(params["seed"]),
+            name=model_name(m),
+        )
         runs[res.name] = (m, res)
-        print(f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s, held-out {float(res.heldout_cost.mean()):.3f}",
-              flush=True)
+        print(
+            f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s, "
+            f"held-out {float(res.heldout_cost.mean()):.3f}",
+            flush=True,
+        )
     # The choice among the models, on the training sends (what the black-box methods see), charged.
     r0, t0 = scorer.rollouts, time.perf_counter()
     for name, (_, res) in runs.items():
@@ -113,12 +155,21 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     trace[-1].update(wall_s=t_grad, rollouts=select_rollouts)
     uniform = opt.uniform_policy(dec, scorer, grid=params.get("uniform"))
     cal = calibration_cost(out["targets"], out["fits"], f"{m['mode']}_{m['sends']}")
-    payload = {"R": int(R), "E": fleet.E, "chosen": chosen, "chosen_model": m, "t_grad_s": t_grad,
-               "select_s": select_s, "select_rollouts": select_rollouts, "train_cost": train,
-               "x_chosen": dec.to_unit(res.decisions).tolist(), "calibration_cost": cal,
-               "results": {name: dump(r) for name, (_, r) in runs.items()}
-               | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
-               | {UNIFORM: dump(uniform)}}
+    payload = {
+        "R": int(R),
+        "E": fleet.E,
+        "chosen": chosen,
+        "chosen_model": m,
+        "t_grad_s": t_grad,
+        "select_s": select_s,
+        "select_rollouts": select_rollouts,
+        "train_cost": train,
+        "x_chosen": dec.to_unit(res.decisions).tolist(),
+        "calibration_cost": cal,
+        "results": {name: dump(r) for name, (_, r) in runs.items()}
+        | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
+        | {UNIFORM: dump(uniform)},
+    }
     stage.write_json(out["json"], payload)
 
 
@@ -147,22 +198,58 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
     if method == "cmaes":
         res = opt.cmaes(dec, scorer, budget, seed=seed, score_every=int(every["cmaes"]))
     elif method == "tpe":
-        res = opt.tpe(dec, scorer, budget, seed=seed, score_every=int(every["tpe"]),
-                      trials_per_round=int(params["tpe_trials_per_round"]))
+        res = opt.tpe(
+            dec,
+            scorer,
+            budget,
+            seed=seed,
+            score_every=int(every["tpe"]),
+            trials_per_round=int(params["tpe_trials_per_round"]),
+        )
     elif method == "random":
-        res = opt.random_search(dec, scorer, budget, seed=seed, score_every=int(every["random"]),
-                                per_round=int(params["random_per_round"]))
+        res = opt.random_search(
+            dec,
+            scorer,
+            budget,
+            seed=seed,
+            score_every=int(every["random"]),
+            per_round=int(params["random_per_round"]),
+        )
     else:
         g = grad["results"][GRADIENT]
-        start = Result(grad["chosen"], dec.from_unit(torch.tensor(grad["x_chosen"], dtype=torch.float64)),
-                       torch.tensor(g["heldout_cells"], dtype=torch.float64), g["wall_s"], g["rollouts"], [])
-        res = opt.hybrid(dec, scorer, budget, start, sigma0=float(params["hybrid_sigma0"]), seed=seed,
-                         score_every=int(every["hybrid"]))
+        start = Result(
+            grad["chosen"],
+            dec.from_unit(torch.tensor(grad["x_chosen"], dtype=torch.float64)),
+            torch.tensor(g["heldout_cells"], dtype=torch.float64),
+            g["wall_s"],
+            g["rollouts"],
+            [],
+        )
+        res = opt.hybrid(
+            dec,
+            scorer,
+            budget,
+            start,
+            sigma0=float(params["hybrid_sigma0"]),
+            seed=seed,
+            score_every=int(every["hybrid"]),
+        )
         res.name = BLACKBOX["hybrid"]
-    print(f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s of {budget.wall_s:.1f}, {res.rollouts} rollouts, "
-          f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
-    stage.write_json(out["json"], {"R": int(R), "method": method, "budget_s": budget.wall_s,
-                                   "result": {**dump(res), "name": BLACKBOX[method]}})
+    print(
+        f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s of {budget.wall_s:.1f}, "
+        f"{res.rollouts} rollouts, "
+        f"held-out {float(res.heldout_cost.mean()):.3f}",
+        flush=True,
+    )
+    stage.write_json(
+        out["json"],
+        {
+            "R": int(R),
+            "method": method,
+            "budget_s": budget.wall_s,
+            "result": {**dump(res), "name": BLACKBOX[method]},
+        },
+    )
 
 
 # ------------------------------------------------------------------------------ the merge
@@ -179,8 +266,13 @@ def paired(a: list, b: list, n_boot: int, seed: int) -> dict:
 
     ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
     mean, lo, hi = paired_diff(ta, tb, n_boot, seed)
-    return {"diff": mean, "lo": lo, "hi": hi, "better_cells": float((ta < tb).double().mean()),
-            "verdict": "better" if hi < 0 else ("worse" if lo > 0 else "tie")}
+    return {
+        "diff": mean,
+        "lo": lo,
+        "hi": hi,
+        "better_cells": float((ta < tb).double().mean()),
+        "verdict": "better" if hi < 0 else ("worse" if lo > 0 else "tie"),
+    }
 
 
 def break_even(trace: list, cost: float, after_s: float) -> float | None:
@@ -206,23 +298,40 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
         budget = float(factor) * t_grad
         at = {n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}
         for name, row in at.items():
-            rows.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": name,
-                         "cost": None if row is None else row["heldout_cost"],
-                         "wall_s": None if row is None else row["wall_s"],
-                         "rollouts": None if row is None else row["rollouts"]})
+            rows.append(
+                {
+                    "R": R,
+                    "budget_factor": factor,
+                    "budget_s": budget,
+                    "method": name,
+                    "cost": None if row is None else row["heldout_cost"],
+                    "wall_s": None if row is None else row["wall_s"],
+                    "rollouts": None if row is None else row["rollouts"],
+                }
+            )
         for ch in CHALLENGERS:
             for base in BASELINES:
                 if at.get(ch) is None or at.get(base) is None:
                     continue
-                comps.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": ch, "baseline": base,
-                              "charged": False, **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"],
-                                                         n_boot, seed)})
+                comps.append(
+                    {
+                        "R": R,
+                        "budget_factor": factor,
+                        "budget_s": budget,
+                        "method": ch,
+                        "baseline": base,
+                        "charged": False,
+                        **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"], n_boot, seed),
+                    }
+                )
     scored = [r for r in rows if r["cost"] is not None]
     # Who wins: the methods compared (each calibrated model's own run is shown, not ranked: the
     # gradient is the one chosen on the training sends).
     ranked = [r for r in scored if not r["method"].startswith("gradient, ")]
-    winners = [min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
-               for f in params["budgets"]]
+    winners = [
+        min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
+        for f in params["budgets"]
+    ]
     # Charged in full: the gradient (at t_grad) and the hybrid (at its whole budget) plus the
     # calibration's time, against each baseline given that total.
     cal = grad["calibration_cost"]["total_s"]
@@ -233,8 +342,17 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
             if ch not in results or base not in results or cal is None:
                 continue
             total = own_s + cal
-            row = {"R": R, "method": ch, "baseline": base, "charged": True, "own_s": own_s, "calibration_s": cal, "total_s": total,
-                   "baseline_ran_s": ends[base], "covered": ends[base] >= total}
+            row = {
+                "R": R,
+                "method": ch,
+                "baseline": base,
+                "charged": True,
+                "own_s": own_s,
+                "calibration_s": cal,
+                "total_s": total,
+                "baseline_ran_s": ends[base],
+                "covered": ends[base] >= total,
+            }
             if row["covered"]:
                 a, b = _at(results[ch]["trace"], own_s), _at(results[base]["trace"], total)
                 row |= {**paired(a["heldout_cells"], b["heldout_cells"], n_boot, seed)}
@@ -249,40 +367,83 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
         t = break_even(results[base]["trace"], g_cost, 0.0)
         slack = None if t is None else t - t_grad
         reach = ends[base] - t_grad  # the slack is at least this where the baseline never reached it
-        even.append({"R": R, "baseline": base, "gradient_cost": g_cost, "reached_s": t,
-                     "ran_s": ends[base], "slack_s": slack, "slack_at_least_s": reach if t is None else None,
-                     "calibration_s": cal,
-                     "fleets_to_amortise": (None if cal is None or slack is None or slack <= 0
-                                            else math.ceil(cal / slack)),
-                     "fleets_to_amortise_at_most": (None if cal is None or t is not None or reach <= 0
-                                                    else math.ceil(cal / reach)),
-                     "never_pays": slack is not None and slack <= 0,
-                     "pays_in_one_run": cal is not None and (slack if t is not None else reach) >= cal})
+        even.append(
+            {
+                "R": R,
+                "baseline": base,
+                "gradient_cost": g_cost,
+                "reached_s": t,
+                "ran_s": ends[base],
+                "slack_s": slack,
+                "slack_at_least_s": reach if t is None else None,
+                "calibration_s": cal,
+                "fleets_to_amortise": (
+                    None if cal is None or slack is None or slack <= 0 else math.ceil(cal / slack)
+                ),
+                "fleets_to_amortise_at_most": (
+                    None if cal is None or t is not None or reach <= 0 else math.ceil(cal / reach)
+                ),
+                "never_pays": slack is not None and slack <= 0,
+                "pays_in_one_run": cal is not None and (slack if t is not None else reach) >= cal,
+            }
+        )
     # The uniform policy against the best per-robot solution (lowest cost at the largest budget).
     best = min((r for r in ranked if r["budget_factor"] == max(params["budgets"])), key=lambda r: r["cost"])
     best_cells = _at(results[best["method"]]["trace"], best["budget_s"])["heldout_cells"]
     uni = results[UNIFORM]
-    uniform = {"R": R, "method": best["method"], "cost": best["cost"],
-               "uniform_cost": float(sum(uni["heldout_cells"]) / len(uni["heldout_cells"])),
-               "p": uni["info"]["p"], "tx_dbm": uni["info"]["tx_dbm"],
-               **paired(uni["heldout_cells"], best_cells, n_boot, seed)}
+    uniform = {
+        "R": R,
+        "method": best["method"],
+        "cost": best["cost"],
+        "uniform_cost": float(sum(uni["heldout_cells"]) / len(uni["heldout_cells"])),
+        "p": uni["info"]["p"],
+        "tx_dbm": uni["info"]["tx_dbm"],
+        **paired(uni["heldout_cells"], best_cells, n_boot, seed),
+    }
     uniform["clearly_worse"] = uniform["lo"] > 0
-    uniform["worse_cells"] = float(sum(a > b for a, b in zip(uni["heldout_cells"], best_cells, strict=True))
-                                   / len(best_cells))
-    size = {"R": R, "E": grad["E"], "t_grad_s": t_grad, "chosen": grad["chosen"],
-            "select_s": grad["select_s"], "select_rollouts": grad["select_rollouts"],
-            "calibration_targets_s": grad["calibration_cost"]["targets_s"],
-            "calibration_fit_s": grad["calibration_cost"]["fit_s"], "calibration_s": cal,
-            "gradients": [{"method": n, "wall_s": results[n]["wall_s"], "train_cost": c,
-                           "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"]))}
-                          for n, c in grad["train_cost"].items()],
-            "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends], "winners": winners,
-            "uniform": uniform,
-            "by_method": [{"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
-                          for n in results if n != UNIFORM]}
-    return {"rows": rows, "comparisons": comps, "charged": charged, "break_even": even, "size": size,
-            "traces": {n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
-                       for n, r in results.items() if n != UNIFORM}}
+    uniform["worse_cells"] = float(
+        sum(a > b for a, b in zip(uni["heldout_cells"], best_cells, strict=True)) / len(best_cells)
+    )
+    size = {
+        "R": R,
+        "E": grad["E"],
+        "t_grad_s": t_grad,
+        "chosen": grad["chosen"],
+        "select_s": grad["select_s"],
+        "select_rollouts": grad["select_rollouts"],
+        "calibration_targets_s": grad["calibration_cost"]["targets_s"],
+        "calibration_fit_s": grad["calibration_cost"]["fit_s"],
+        "calibration_s": cal,
+        "gradients": [
+            {
+                "method": n,
+                "wall_s": results[n]["wall_s"],
+                "train_cost": c,
+                "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"])),
+            }
+            for n, c in grad["train_cost"].items()
+        ],
+        "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends],
+        "winners": winners,
+        "uniform": uniform,
+        "by_method": [
+            {"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
+            for n in results
+            if n != UNIFORM
+        ],
+    }
+    return {
+        "rows": rows,
+        "comparisons": comps,
+        "charged": charged,
+        "break_even": even,
+        "size": size,
+        "traces": {
+            n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
+            for n, r in results.items()
+            if n != UNIFORM
+        },
+    }
 
 
 def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
@@ -291,12 +452,15 @@ def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
     least ``better_cells_min`` of the cells); per size of ``charged_R``, the gradient or the hybrid
     plus the calibration better than CMA-ES at the same total (interval below 0). None: not measured
     (the size was not run, or the baseline did not run as long)."""
+
     def amortised(R):
         if R not in sizes:
             return None
         ok = []
         for ch in CHALLENGERS:
-            rows = [c for c in comps if c["R"] == R and c["method"] == ch and c["budget_factor"] == t["budget"]]
+            rows = [
+                c for c in comps if c["R"] == R and c["method"] == ch and c["budget_factor"] == t["budget"]
+            ]
             if len(rows) == len(BASELINES):
                 ok.append(all(c["hi"] < 0 and c["better_cells"] >= t["better_cells_min"] for c in rows))
         return any(ok) if ok else None
@@ -305,8 +469,10 @@ def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
         rows = [c for c in charged if c["R"] == R and c["baseline"] == "CMA-ES" and c["covered"]]
         return None if R not in sizes or not rows else any(c["hi"] < 0 for c in rows)
 
-    out = {"amortised": [{"R": R, "met": amortised(R)} for R in t["amortised_R"]],
-           "charged": [{"R": R, "met": full(R)} for R in t["charged_R"]]}
+    out = {
+        "amortised": [{"R": R, "met": amortised(R)} for R in t["amortised_R"]],
+        "charged": [{"R": R, "met": full(R)} for R in t["charged_R"]],
+    }
     flags = [r["met"] for r in out["amortised"] + out["charged"]]
     out["met"] = None if any(f is None for f in flags) else all(flags)
     out["measured"] = sum(f is not None for f in flags)
@@ -326,20 +492,47 @@ def merge_payload(grads: list, boxes: list, params: dict) -> dict:
     comps = [c for p in per.values() for c in p["comparisons"]]
     charged = [c for p in per.values() for c in p["charged"]]
     targets = check_targets(params["targets"], comps, charged, sizes)
-    summary = {"level": params["level"], "E": int(params["E"]), "T_eval": int(params["T_eval"]),
-               "warmup_eval": int(params["warmup_eval"]), "sizes": len(sizes), "R_min": sizes[0],
-               "R_max": sizes[-1], "budget_factor": params["budget_factor"], "iters": int(params["gradient"]["iters"]),
-               "T": int(params["gradient"]["T"]), "n_boot": int(params["n_boot"]), "ci_pct": 95,
-               "targets_met": targets["met"], "classes": len(DEFAULT_CLASSES)}
-    classes = [{"name": c.name, "share": c.share, "size_lo_kB": c.size_bytes[0] / 1e3,
-                "size_hi_kB": c.size_bytes[1] / 1e3, "distance_lo_m": c.distance_m[0],
-                "distance_hi_m": c.distance_m[1], "weight": c.weight, "delivery_min": c.delivery_min,
-                "robots": [class_counts([k.share for k in DEFAULT_CLASSES], R)[i] for R in sizes]}
-               for i, c in enumerate(DEFAULT_CLASSES)]
-    return {"summary": summary, "classes": classes, "table": rows, "comparisons": comps, "charged": charged,
-            "break_even": [e for p in per.values() for e in p["break_even"]],
-            "sizes": [p["size"] for p in per.values()], "targets": targets,
-            "traces": {str(R): p["traces"] for R, p in per.items()}}
+    summary = {
+        "level": params["level"],
+        "E": int(params["E"]),
+        "T_eval": int(params["T_eval"]),
+        "warmup_eval": int(params["warmup_eval"]),
+        "sizes": len(sizes),
+        "R_min": sizes[0],
+        "R_max": sizes[-1],
+        "budget_factor": params["budget_factor"],
+        "iters": int(params["gradient"]["iters"]),
+        "T": int(params["gradient"]["T"]),
+        "n_boot": int(params["n_boot"]),
+        "ci_pct": 95,
+        "targets_met": targets["met"],
+        "classes": len(DEFAULT_CLASSES),
+    }
+    classes = [
+        {
+            "name": c.name,
+            "share": c.share,
+            "size_lo_kB": c.size_bytes[0] / 1e3,
+            "size_hi_kB": c.size_bytes[1] / 1e3,
+            "distance_lo_m": c.distance_m[0],
+            "distance_hi_m": c.distance_m[1],
+            "weight": c.weight,
+            "delivery_min": c.delivery_min,
+            "robots": [class_counts([k.share for k in DEFAULT_CLASSES], R)[i] for R in sizes],
+        }
+        for i, c in enumerate(DEFAULT_CLASSES)
+    ]
+    return {
+        "summary": summary,
+        "classes": classes,
+        "table": rows,
+        "comparisons": comps,
+        "charged": charged,
+        "break_even": [e for p in per.values() for e in p["break_even"]],
+        "sizes": [p["size"] for p in per.values()],
+        "targets": targets,
+        "traces": {str(R): p["traces"] for R, p in per.items()},
+    }
 
 
 def merge(stage, params: dict, out: dict) -> None:
@@ -347,8 +540,12 @@ def merge(stage, params: dict, out: dict) -> None:
     boxes = [json.loads(open(p).read()) for p in out["blackbox"]]
     payload = merge_payload(grads, boxes, params)
     if "figure" in out:
-        plot_fleet_opt({int(R): t for R, t in payload["traces"].items()},
-                       {s["R"]: s["t_grad_s"] for s in payload["sizes"]}, out["figure"], params["level"])
+        plot_fleet_opt(
+            {int(R): t for R, t in payload["traces"].items()},
+            {s["R"]: s["t_grad_s"] for s in payload["sizes"]},
+            out["figure"],
+            params["level"],
+        )
         payload["figure"] = out["figure"].rsplit("/", 1)[-1]
     stage.write_json(out["json"], payload)
 

@@ -29,7 +29,8 @@ from isaac_net.optimise.score import Budget, Run, Scorer, best_at
 
 __all__ = [
     "Budget", "DEFAULT_CLASSES", "DEFAULT_COST", "Fleet", "FleetDecisions", "METHODS", "Result",
-    "RobotClass", "Run", "Scorer", "anneal", "best_at", "bounded", "cmaes", "env_cost", "env_kpis", "fleet_cost",
+    "RobotClass", "Run", "Scorer", "anneal", "best_at",
+    "bounded", "cmaes", "env_cost", "env_kpis", "fleet_cost",
     "gradient", "gradient_descent", "hybrid", "make_fleet", "optimise_fleet", "paired_diff",
     "random_search", "summarise", "tpe", "unbounded", "uniform_policy",
 ]
