@@ -7,6 +7,7 @@ replaced by stubs that write the fixture artifacts below, so they need no torch 
 
 import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -190,7 +191,82 @@ def fixture_artifacts() -> dict[str, dict]:
     sensitivity = sensitivity_artifact()
     return {"equivalence": equivalence, "convergence": convergence, "convergence_curves": convergence_curves,
             "gradcheck": gradcheck, "fd_check": fd_check, "cost": cost, "sensitivity": sensitivity,
-            "calibration": calibration_artifact(), "opt_rates": optimisation_artifact("opt_rates")}
+            "calibration": calibration_artifact(), "opt_rates": optimisation_artifact("opt_rates"),
+            "fleet_opt": fleet_opt_artifact()}
+
+
+# The fleet optimisation (benchmarks/diff/fleet_opt.py): synthetic job payloads, merged by the stage's
+# own merge. At R = 8 CMA-ES overtakes the gradient by 10 t and the uniform policy is close to the
+# best; at R = 32 CMA-ES and TPE never reach the gradient, charged in full or not.
+FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval": 8, "budget_factor": 10,
+             "budgets": [1, 3, 10], "cover_calibration_R": [32], "hybrid_sigma0": 0.05,
+             "random_per_round": 16,
+             "n_boot": 200, "gradient": {"iters": 60, "T": 16, "lr": 0.1, "tau_start": 0.2, "tau_end": 0.02},
+             "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},
+                      "penalty": 100.0},
+             "targets": {"amortised_R": [32], "budget": 10, "better_cells_min": 0.8, "charged_R": [32]}}
+
+
+def _fleet_trace(*points):
+    """Trace rows of ``(wall_s, rollouts, cells)``, with the mean and the best-so-far."""
+    rows, best = [], math.inf
+    for w, r, cells in points:
+        mean = sum(cells) / len(cells)
+        best = min(best, mean)
+        rows.append({"wall_s": w, "rollouts": r, "heldout_cost": mean, "heldout_cells": cells,
+                     "best_heldout_cost": best})
+    return rows
+
+
+def _fleet_result(name, trace, **info):
+    return {"name": name, "wall_s": trace[-1]["wall_s"], "rollouts": trace[-1]["rollouts"],
+            "heldout_cells": trace[-1]["heldout_cells"], "trace": trace, "info": info}
+
+
+def fleet_opt_jobs(R: int) -> tuple[dict, list]:
+    """The gradient job's payload and the black-box jobs' at fleet size ``R`` (t = 2 s, the
+    calibration 20 s; CMA-ES runs 10 t + 20 s where R is covered)."""
+    start = [8.0, 8.2, 7.9, 8.1]
+    grad = [3.0, 3.2, 2.9, 3.1]
+
+    def shift(v):
+        return [x + v for x in grad]
+
+    gradients = {"gradient, L1D relaxed, calibrated": shift(0.5), "gradient, QAD relaxed, calibrated": grad,
+                 "gradient, QAD mean-field, calibrated": shift(1.0)}
+    results = {n: _fleet_result(n, _fleet_trace((0.0, 0, start), (2.0, 0, c))) for n, c in gradients.items()}
+    results["gradient (chosen model)"] = _fleet_result(
+        "gradient (chosen model)", _fleet_trace((0.0, 0, start), (1.0, 0, shift(1.5)), (2.0, 12, grad)))
+    uniform = [3.1, 3.0, 3.3, 3.0] if R == 8 else [6.0, 6.4, 5.9, 6.3]
+    results["uniform policy"] = _fleet_result("uniform policy", _fleet_trace((0.0, 280, uniform)), p=0.3,
+                                              tx_dbm=17.0)
+    payload = {"R": R, "E": 4, "chosen": "gradient, QAD relaxed, calibrated", "t_grad_s": 2.0,
+               "select_s": 0.1,
+               "select_rollouts": 12, "train_cost": {n: sum(c) / 4 for n, c in gradients.items()},
+               "calibration_cost": {"targets_s": 5.0, "fit_s": 15.0, "total_s": 20.0, "fit_per_size_s": {}},
+               "results": results}
+    late = [2.0, 2.1, 1.9, 2.2] if R == 8 else [5.0, 5.3, 4.8, 5.1]
+    boxes = [
+        ("cmaes", "CMA-ES", 40.0 if R == 32 else 20.0,
+         _fleet_trace((0.0, 0, start), (2.0, 300, shift(2.0)), (10.0, 1500, late), (39.0, 6000, late))),
+        ("tpe", "TPE (Optuna)", 20.0, _fleet_trace((0.0, 0, start), (19.0, 400, shift(3.0)))),
+        ("random", "random search", 20.0, _fleet_trace((0.0, 0, start), (19.0, 2000, shift(4.0)))),
+        ("hybrid", "hybrid (gradient + CMA-ES)", 20.0,
+         _fleet_trace((2.0, 12, grad), (12.0, 900, shift(-0.2)))),
+    ]
+    return payload, [{"R": R, "method": m, "budget_s": b, "result": _fleet_result(n, tr)}
+                     for m, n, b, tr in boxes]
+
+
+def fleet_opt_artifact() -> dict:
+    """The fleet_opt artifact merged from :func:`fleet_opt_jobs` at R = 8 and 32."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
+    jobs = [fleet_opt_jobs(R) for R in (8, 32)]
+    payload = fleet_opt.merge_payload([g for g, _ in jobs], [b for _, bs in jobs for b in bs], FLEET_CFG)
+    art = {**payload, "figure": "fleet_opt.png", "provenance": _prov("fleet_opt", FLEET_CFG)}
+    return json.loads(json.dumps(art))
 
 
 def sensitivity_artifact() -> dict:
@@ -359,7 +435,7 @@ def study_artifact(name: str) -> dict:
             "provenance": _prov(name, {"seed": 7})}
 
 
-FIGURES = ("convergence_curves.png", "fd_check.png", "calibration.png", "opt_rates.png")
+FIGURES = ("convergence_curves.png", "fd_check.png", "calibration.png", "opt_rates.png", "fleet_opt.png")
 
 
 def write_artifacts(folder: Path, artifacts: dict) -> dict[str, str]:
@@ -506,6 +582,67 @@ def test_numbers_land_in_their_sections(tmp_path):
     assert {"sensitivity.metrics[0].median_ratio", "convergence.summary.L1_discrete_delay",
             "cost.table[0].forward_s", "(gradcheck.summary.num_checks - gradcheck.summary.num_pass)"} & keys
     assert "convergence.summary.L1_discrete_delay" in keys and "cost.table[0].forward_s" in keys
+
+
+def test_fleet_opt_merge_slices_the_traces_at_the_budgets_and_pairs_the_cells():
+    art = fleet_opt_artifact()
+    row = {(r["R"], r["budget_factor"], r["method"]): r for r in art["table"]}
+    # CMA-ES at R = 8: at 1 t (2 s) its row of 2 s, at 3 t (6 s) still it, at 10 t (20 s) the 10 s row.
+    assert row[8, 1, "CMA-ES"]["wall_s"] == 2.0 and row[8, 3, "CMA-ES"]["wall_s"] == 2.0
+    assert row[8, 10, "CMA-ES"]["wall_s"] == 10.0 and row[8, 10, "CMA-ES"]["cost"] == pytest.approx(2.05)
+    assert row[8, 1, "TPE (Optuna)"]["cost"] == pytest.approx(8.05)  # its 19 s row is past 2 s: the start
+    assert row[8, 1, "hybrid (gradient + CMA-ES)"]["wall_s"] == 2.0  # starts where the gradient ended
+    assert row[8, 10, "gradient (chosen model)"]["rollouts"] == 12  # charged for the choice among models
+    comp = {(c["R"], c["budget_factor"], c["method"], c["baseline"]): c for c in art["comparisons"]}
+    c = comp[8, 10, "gradient (chosen model)", "CMA-ES"]
+    assert c["diff"] == pytest.approx(1.0) and c["lo"] > 0 and c["verdict"] == "worse"
+    assert c["better_cells"] == 0
+    c = comp[32, 10, "gradient (chosen model)", "TPE (Optuna)"]
+    assert c["diff"] == pytest.approx(-3.0) and c["hi"] < 0 and c["better_cells"] == 1
+    charged = {(c["R"], c["method"], c["baseline"]): c for c in art["charged"]}
+    assert not charged[8, "gradient (chosen model)", "CMA-ES"]["covered"]  # CMA-ES ran 20 s of the 22
+    c = charged[32, "gradient (chosen model)", "CMA-ES"]
+    assert c["covered"] and c["total_s"] == 22.0 and c["diff"] == pytest.approx(-2.0)
+    even = {(e["R"], e["baseline"]): e for e in art["break_even"]}
+    assert even[8, "CMA-ES"]["reached_s"] == 10.0 and even[8, "CMA-ES"]["slack_s"] == 8.0
+    assert even[8, "CMA-ES"]["fleets_to_amortise"] == 3  # 20 s of calibration over 8 s a run
+    assert even[32, "CMA-ES"]["reached_s"] is None and even[32, "CMA-ES"]["pays_in_one_run"]
+    sizes = {z["R"]: z for z in art["sizes"]}
+    assert sizes[8]["uniform"]["method"] == "CMA-ES" and sizes[8]["uniform"]["clearly_worse"]
+    assert sizes[32]["uniform"]["method"] == "hybrid (gradient + CMA-ES)"
+    assert [w["method"] for w in sizes[8]["winners"]] == ["gradient (chosen model)"] * 2 + ["CMA-ES"]
+    assert art["targets"]["amortised"] == [{"R": 32, "met": True}] and art["targets"]["met"] is True
+
+
+def test_fleet_opt_targets_are_unmeasured_without_their_size_and_unmet_when_a_baseline_wins():
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
+    jobs = [fleet_opt_jobs(8)]
+    cfg = copy.deepcopy(FLEET_CFG)
+    cfg["targets"] |= {"amortised_R": [8, 64], "charged_R": [64]}
+    art = fleet_opt.merge_payload([jobs[0][0]], jobs[0][1], cfg)
+    assert art["targets"]["amortised"] == [{"R": 8, "met": False}, {"R": 64, "met": None}]
+    assert art["targets"]["met"] is None and art["targets"]["measured"] == 1
+
+
+def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
+    page = build_page(tmp_path, fixture_artifacts())
+    fo = section(page, "## Gradients against black-box optimisers on L2-legacy")
+    assert ("- Telemetry robots, a share 0.5 of each cell (4, 16 robots at the sizes run), messages 1-2 kB, "
+            "20-200 m") in fo
+    assert "- At 10 t (20 s) the lowest held-out cost is CMA-ES's (2.05)." in fo
+    assert "- At 10 t (20 s) the lowest held-out cost is hybrid (gradient + CMA-ES)'s (2.85)." in fo
+    assert ("- At 10 t, gradient (chosen model) is **worse than** CMA-ES: difference 1 [0.925, 1.05], "
+            "better in 0 of the cells. Here the gradient side loses.") in fo
+    assert ("against CMA-ES given the same 22 s: not measured (CMA-ES ran 20 s).") in fo
+    assert ("against CMA-ES given the same 22 s: better than it, difference -2 [-2, -2], better in 1 of the "
+            "cells.") in fo
+    assert ("stays under 8 s (the calibration's 20 s spread over 3 such optimisations or more).") in fo
+    assert "it pays off within this one optimisation" in fo
+    assert "R = 32: met. Charged in full" in fo and "All met." in fo
+    assert "| uniform policy (p = 0.3, 17 dBm) | 6.15 | 6.15 | 6.15 |" in fo
+    assert "clearly worse (the interval above zero)" in fo
 
 
 def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):

@@ -272,3 +272,34 @@ def optimisation(payload: dict, path: str, title: str) -> None:
     bx.grid(alpha=0.3, which="both")
     fig.tight_layout()
     save(fig, path)
+
+
+def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
+    """Best-so-far held-out cost on ``level`` per fleet size: against wall time (log x, the budgets
+    ``ref_s[R]`` x 1, 3, 10 dotted) and against the level's cell-rollouts (symlog x).
+
+    :input traces: ``{R: {method: [rows with wall_s, rollouts, best_heldout_cost]}}``.
+    :input ref_s: ``{R: the gradient's wall time, s}``.
+    """
+    sizes = list(traces)
+    fig, axes = plt.subplots(len(sizes), 2, figsize=(11.0, 3.6 * len(sizes)), squeeze=False)
+    for (ax_t, ax_r), R in zip(axes, sizes, strict=True):
+        for i, (name, rows) in enumerate(traces[R].items()):
+            if not rows:
+                continue
+            style = dict(color=_COLORS[i % len(_COLORS)], lw=1.4, where="post", label=name)
+            best = [r["best_heldout_cost"] for r in rows]
+            ax_t.step([max(r["wall_s"], 1e-3) for r in rows], best, **style)
+            ax_r.step([r["rollouts"] for r in rows], best, **style)
+        for b in (1, 3, 10):
+            ax_t.axvline(b * ref_s[R], color="0.6", ls=":", lw=1)
+        ax_t.set_xscale("log")
+        ax_r.set_xscale("symlog", linthresh=10)
+        ax_t.set_xlabel("wall time, s (dotted: 1, 3, 10 x the gradient's)")
+        ax_r.set_xlabel(f"{level} cell-rollouts (training)")
+        for ax in (ax_t, ax_r):
+            ax.set_ylabel(f"best-so-far held-out cost, R = {R}")
+            ax.grid(alpha=0.3)
+        ax_r.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    save(fig, path)

@@ -97,8 +97,16 @@ def _solutions(a: dict) -> dict:
     return {"": _cells(df)}
 
 
+def _fleet_opt(a: dict) -> dict:
+    """One row per fleet size, budget and method (its best-so-far held-out cost); and one per
+    paired comparison, at a budget (``charged`` false) or charged with the calibration in full."""
+    comps = [dict(c) for c in a["comparisons"]] + [dict(c) for c in a["charged"]]
+    return {"": _frame(a["table"]), "comparisons": _frame(comps)}
+
+
 _BUILDERS = {"convergence": _convergence, "convergence_curves": _convergence_curves, "fd_check": _fd_check,
-             "sensitivity": _sensitivity, "opt_rates": _solutions, "placement": _solutions}
+             "sensitivity": _sensitivity, "opt_rates": _solutions, "placement": _solutions,
+             "fleet_opt": _fleet_opt}
 
 
 def tables(name: str, artifact: dict) -> dict[str, pd.DataFrame]:

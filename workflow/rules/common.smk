@@ -203,6 +203,7 @@ PRIORITY = {
     "nn_proxy": 100,
     "opt_rates": 90,
     "placement": 80,
+    "fleet_opt": 75,
     "sensitivity": 70,
     "checks": 10,
     "cost": 0,
@@ -245,7 +246,16 @@ def calibration_targets(point_set):
 CALIBRATION_SETS = ("train", "heldout", "sweep")
 CALIBRATION_MODELS = [f"{m}_{s}" for m in config["calibrate"]["modes"] for s in config["calibrate"]["sends"]]
 SENSITIVITY_OPS = [op["name"] for op in config["sensitivity"]["ops"]]
-FAN_OUT = {"model": CALIBRATION_MODELS, "op": SENSITIVITY_OPS, "sweep_R": [CALIBRATION_REF_R]}
+# The fleet optimisation's fleet sizes (a gradient job each) and black-box methods (a job each per size).
+FLEET_OPT_R = [int(r) for r in config["fleet_opt"]["R"]]
+FLEET_OPT_METHODS = ["cmaes", "tpe", "random", "hybrid"]
+FAN_OUT = {
+    "model": CALIBRATION_MODELS,
+    "op": SENSITIVITY_OPS,
+    "sweep_R": [CALIBRATION_REF_R],
+    "fleet_R": FLEET_OPT_R,
+    "fleet_method": FLEET_OPT_METHODS,
+}
 
 
 def stage_inputs(stage):

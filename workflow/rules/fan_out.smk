@@ -83,3 +83,70 @@ rule sensitivity_op:
         "../../environment.yml"
     script:
         "../../benchmarks/diff/sensitivity.py"
+
+
+# Gradients against black-box optimisers on L2-legacy (benchmarks/diff/fleet_opt.py), per fleet
+# size: first the calibrated gradients (and the uniform policy), whose wall time sets the budgets,
+# then each black-box method in its own job; the merge (rule fleet_opt) writes the stage's artifact.
+FLEET_OPT_DIR = f"{RESULTS}/fleet_opt"
+# The settings only the merge reads, and only the black-box jobs: a change reruns those jobs alone.
+FLEET_OPT_MERGE_KEYS = ["budgets", "n_boot", "targets"]
+FLEET_OPT_BLACKBOX_KEYS = [
+    "budget_factor",
+    "cover_calibration_R",
+    "hybrid_sigma0",
+    "random_per_round",
+    "tpe_trials_per_round",
+    "score_every",
+]
+
+
+rule fleet_opt_gradient:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        calibration=ARTIFACTS["calibration"],
+        targets=calibration_targets("train") + calibration_targets("heldout"),
+        fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
+    output:
+        json=f"{FLEET_OPT_DIR}/gradient_R{{R}}.json",
+    params:
+        **stage_params("fleet_opt", drop=FLEET_OPT_MERGE_KEYS + FLEET_OPT_BLACKBOX_KEYS),
+        part=lambda wc: f"gradient-{wc.R}",
+    wildcard_constraints:
+        R="|".join(str(r) for r in FLEET_OPT_R),
+    log:
+        f"{RESULTS}/logs/fleet_opt_gradient_R{{R}}.log",
+    benchmark:
+        f"{RESULTS}/bench/fleet_opt_gradient_R{{R}}.tsv"
+    threads: 1
+    priority: PRIORITY["fleet_opt"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/fleet_opt.py"
+
+
+rule fleet_opt_blackbox:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        gradient=f"{FLEET_OPT_DIR}/gradient_R{{R}}.json",
+    output:
+        json=f"{FLEET_OPT_DIR}/{{method}}_R{{R}}.json",
+    params:
+        **stage_params("fleet_opt", drop=FLEET_OPT_MERGE_KEYS + ["uniform"]),
+        part=lambda wc: f"blackbox-{wc.R}-{wc.method}",
+    wildcard_constraints:
+        R="|".join(str(r) for r in FLEET_OPT_R),
+        method="|".join(FLEET_OPT_METHODS),
+    log:
+        f"{RESULTS}/logs/fleet_opt_{{method}}_R{{R}}.log",
+    benchmark:
+        f"{RESULTS}/bench/fleet_opt_{{method}}_R{{R}}.tsv"
+    threads: 1
+    priority: PRIORITY["fleet_opt"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/fleet_opt.py"

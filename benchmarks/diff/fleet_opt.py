@@ -1,0 +1,568 @@
+"""Gradients against black-box optimisers on the packet level (issue #35): per-robot send
+probability and transmit power of a heterogeneous fleet (``isaac_net.optimise``), at several fleet
+sizes, every solution scored on L2-legacy with held-out sends.
+
+Three parts, one per rule (``params.part``):
+
+* ``gradient-<R>`` (rule ``fleet_opt_gradient``): Adam through each calibrated model of ``models``
+  and the best uniform policy. The gradient used in the comparisons is the calibrated model whose
+  solution has the lowest training-sends cost on the level (one rollout of the cells per model,
+  charged: its time and rollouts are the gradient's). Its wall time, selection included, is the
+  budget unit ``t_grad`` of that fleet size. Also the calibration's own cost (the L2-legacy targets'
+  wall time and the chosen model's fit time, from the calibrate stage's files).
+* ``blackbox-<R>-<method>`` (rule ``fleet_opt_blackbox``; cmaes, tpe, random, hybrid): one method on
+  the level with the wall budget ``budget_factor x t_grad`` (CMA-ES at the sizes of
+  ``cover_calibration_R``: that plus the calibration's time, so that the comparison charged in full
+  is measured). The hybrid starts at the chosen gradient's solution, charged for it.
+* ``merge`` (rule ``fleet_opt``): the traces sliced at the budgets (``budgets`` x ``t_grad``),
+  the paired differences, the comparisons charged in full, the break-even, the uniform policy
+  against the best per-robot solution, the targets, and the figure.
+
+At a budget, a method's solution is its best-so-far: the recorded solution with the lowest
+held-out cost within the budget (``isaac_net.optimise.best_at``), the same pick for every method.
+"""
+
+import json
+import math
+import time
+
+import torch
+
+try:
+    from _common import cell_config, run
+    from _plots import fleet_opt as plot_fleet_opt
+except ImportError:  # imported as benchmarks.diff.fleet_opt (tests)
+    from benchmarks.diff._common import cell_config, run
+    from benchmarks.diff._plots import fleet_opt as plot_fleet_opt
+
+#: The black-box methods, each its own job, by the part's name.
+BLACKBOX = {
+    "cmaes": "CMA-ES",
+    "tpe": "TPE (Optuna)",
+    "random": "random search",
+    "hybrid": "hybrid (gradient + CMA-ES)",
+}
+GRADIENT = "gradient (chosen model)"
+UNIFORM = "uniform policy"
+#: The baselines every gradient comparison is made against, and who is compared.
+BASELINES = ("CMA-ES", "TPE (Optuna)")
+CHALLENGERS = (GRADIENT, "hybrid (gradient + CMA-ES)")
+
+
+# ------------------------------------------------------------------------------ the problem
+def problem(params: dict, R: int):
+    """The fleet of ``R`` robots per cell, its decisions and the scorer on the level."""
+    from isaac_net import optimise as opt
+
+    fleet = opt.make_fleet(
+        E=int(params["E"]),
+        R=int(R),
+        T=int(params["T_eval"]),
+        seed=int(params["seed"]),
+        dtype=getattr(torch, params["dtype"]),
+    )
+    cfg = cell_config(params.get("cell", {}))
+    scorer = opt.Scorer(
+        fleet,
+        params["cost"],
+        T=int(params["T_eval"]),
+        warmup=int(params["warmup_eval"]),
+        level=params["level"],
+        cfg=cfg,
+        seed=int(params["seed"]),
+    )
+    return fleet, opt.FleetDecisions(fleet), scorer, cfg
+
+
+def model_name(m: dict) -> str:
+    return f"gradient, {m['mode']}D {m['sends'].replace('_', '-')}, calibrated"
+
+
+def dump(res) -> dict:
+    """A :class:`~isaac_net.optimise.Result` as JSON (decisions left out)."""
+    return {
+        "name": res.name,
+        "wall_s": res.wall_s,
+        "rollouts": res.rollouts,
+        "heldout_cells": res.heldout_cost.tolist(),
+        "trace": res.trace,
+        "info": res.info,
+    }
+
+
+def calibration_cost(targets: list, fits: list, model: str) -> dict:
+    """The calibration's wall time, s: its L2-legacy targets (train and held-out points, every fleet
+    size; the load sweep is the figure's, not counted) and the fit of ``model`` (``<mode>_<sends>``,
+    every size by continuation)."""
+    t = [json.loads(open(p).read()) for p in targets]
+    targets_s = sum(d["provenance"]["wall_s"] for d in t if d.get("part") in ("train", "heldout"))
+    fit = {json.loads(open(p).read())["model"]: json.loads(open(p).read()) for p in fits}
+    fit_s = float(fit[model]["wall_fit_s"]) if model in fit else None
+    per_size = (
+        {c["R"][0]: c["setup"].get("wall_fit_s") for c in fit[model]["calibrations"]} if model in fit else {}
+    )
+    return {
+        "targets_s": targets_s,
+        "fit_s": fit_s,
+        "total_s": None if fit_s is None else targets_s + fit_s,
+        "fit_per_size_s": per_size,
+    }
+
+
+def gradient_part(stage, params: dict, out: dict, R: int) -> None:
+    """The calibrated gradients and the uniform policy at fleet size ``R``; the chosen gradient."""
+    from isaac_net import optimise as opt
+    from isaac_net.core.diff.calibrate import Calibration
+
+    fleet, dec, scorer, cfg = problem(params, R)
+    g = params["gradient"]
+    runs, train = {}, {}
+    for m in params["models"]:
+        cal = Calibration.load(out["calibration"], mode=m["mode"], sends=m["sends"])
+        res = opt.gradient(
+            dec,
+            scorer,
+            opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))),
+            calibration=cal,
+            cfg=cfg,
+            iters=int(g["iters"]),
+            lr=float(g["lr"]),
+            T=int(g["T"]),
+            warmup=int(g["warmup"]),
+            tau_start=float(g["tau_start"]),
+            tau_end=float(g["tau_end"]),
+            lam=float(g["lam"]),
+            score_every=int(g["score_every"]),
+            seed=int(params["seed"]),
+            name=model_name(m),
+        )
+        runs[res.name] = (m, res)
+        print(
+            f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s, "
+            f"held-out {float(res.heldout_cost.mean()):.3f}",
+            flush=True,
+        )
+    # The choice among the models, on the training sends (what the black-box methods see), charged.
+    r0, t0 = scorer.rollouts, time.perf_counter()
+    for name, (_, res) in runs.items():
+        train[name] = float(scorer.train(res.decisions).mean())
+    select_s, select_rollouts = time.perf_counter() - t0, scorer.rollouts - r0
+    chosen = min(train, key=train.get)
+    m, res = runs[chosen]
+    t_grad = res.wall_s + select_s
+    # The chosen gradient's trace, its last row charged for the choice.
+    trace = [dict(r) for r in res.trace]
+    trace[-1].update(wall_s=t_grad, rollouts=select_rollouts)
+    uniform = opt.uniform_policy(dec, scorer, grid=params.get("uniform"))
+    cal = calibration_cost(out["targets"], out["fits"], f"{m['mode']}_{m['sends']}")
+    payload = {
+        "R": int(R),
+        "E": fleet.E,
+        "chosen": chosen,
+        "chosen_model": m,
+        "t_grad_s": t_grad,
+        "select_s": select_s,
+        "select_rollouts": select_rollouts,
+        "train_cost": train,
+        "x_chosen": dec.to_unit(res.decisions).tolist(),
+        "calibration_cost": cal,
+        "results": {name: dump(r) for name, (_, r) in runs.items()}
+        | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
+        | {UNIFORM: dump(uniform)},
+    }
+    stage.write_json(out["json"], payload)
+
+
+def blackbox_budget(params: dict, grad: dict, method: str) -> float:
+    """The wall budget of ``method`` at the gradient job's fleet size, s."""
+    budget = float(params["budget_factor"]) * grad["t_grad_s"]
+    cal = grad["calibration_cost"]["total_s"]
+    if method == "cmaes" and grad["R"] in params.get("cover_calibration_R", []) and cal is not None:
+        budget += cal  # the hybrid's budget plus the calibration: both comparisons charged in full
+    return budget
+
+
+def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
+    """One black-box method at fleet size ``R`` within its budget (:func:`blackbox_budget`)."""
+    from isaac_net import optimise as opt
+    from isaac_net.optimise.methods import Result
+
+    if method not in BLACKBOX:
+        raise ValueError(f"method: unknown {method!r}; expected one of: {', '.join(BLACKBOX)}")
+    grad = json.loads(open(out["gradient"]).read())
+    if grad["R"] != R:
+        raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']} ({out['gradient']})")
+    fleet, dec, scorer, _ = problem(params, R)
+    budget = opt.Budget(wall_s=blackbox_budget(params, grad, method))
+    seed, every = int(params["seed"]), params["score_every"]
+    if method == "cmaes":
+        res = opt.cmaes(dec, scorer, budget, seed=seed, score_every=int(every["cmaes"]))
+    elif method == "tpe":
+        res = opt.tpe(
+            dec,
+            scorer,
+            budget,
+            seed=seed,
+            score_every=int(every["tpe"]),
+            trials_per_round=int(params["tpe_trials_per_round"]),
+        )
+    elif method == "random":
+        res = opt.random_search(
+            dec,
+            scorer,
+            budget,
+            seed=seed,
+            score_every=int(every["random"]),
+            per_round=int(params["random_per_round"]),
+        )
+    else:
+        g = grad["results"][GRADIENT]
+        start = Result(
+            grad["chosen"],
+            dec.from_unit(torch.tensor(grad["x_chosen"], dtype=torch.float64)),
+            torch.tensor(g["heldout_cells"], dtype=torch.float64),
+            g["wall_s"],
+            g["rollouts"],
+            [],
+        )
+        res = opt.hybrid(
+            dec,
+            scorer,
+            budget,
+            start,
+            sigma0=float(params["hybrid_sigma0"]),
+            seed=seed,
+            score_every=int(every["hybrid"]),
+        )
+        res.name = BLACKBOX["hybrid"]
+    print(
+        f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s of {budget.wall_s:.1f}, "
+        f"{res.rollouts} rollouts, "
+        f"held-out {float(res.heldout_cost.mean()):.3f}",
+        flush=True,
+    )
+    stage.write_json(
+        out["json"],
+        {
+            "R": int(R),
+            "method": method,
+            "budget_s": budget.wall_s,
+            "result": {**dump(res), "name": BLACKBOX[method]},
+        },
+    )
+
+
+# ------------------------------------------------------------------------------ the merge
+def _at(trace: list, wall_s: float) -> dict | None:
+    from isaac_net.optimise import best_at
+
+    return best_at(trace, wall_s=wall_s)
+
+
+def paired(a: list, b: list, n_boot: int, seed: int) -> dict:
+    """Paired difference ``a - b`` over cells: mean, bootstrap 95 % interval, share of cells where
+    ``a`` costs less, and the verdict (better / worse: the interval below / above 0)."""
+    from isaac_net.optimise import paired_diff
+
+    ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    mean, lo, hi = paired_diff(ta, tb, n_boot, seed)
+    return {
+        "diff": mean,
+        "lo": lo,
+        "hi": hi,
+        "better_cells": float((ta < tb).double().mean()),
+        "verdict": "better" if hi < 0 else ("worse" if lo > 0 else "tie"),
+    }
+
+
+def break_even(trace: list, cost: float, after_s: float) -> float | None:
+    """The first wall time (s) at which the best-so-far of ``trace`` is at most ``cost``, from
+    ``after_s`` on (None: never within the trace)."""
+    best = math.inf
+    for r in trace:
+        best = min(best, r["heldout_cost"])
+        if best <= cost:
+            return max(r["wall_s"], after_s)
+    return None
+
+
+def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
+    """The comparisons at one fleet size: ``grad`` the gradient job's payload, ``boxes`` the
+    black-box jobs' by method name."""
+    n_boot, seed = int(params["n_boot"]), int(params["seed"])
+    R, t_grad = grad["R"], grad["t_grad_s"]
+    results = {**grad["results"], **{b["result"]["name"]: b["result"] for b in boxes.values()}}
+    ends = {b["result"]["name"]: b["budget_s"] for b in boxes.values()}
+    rows, comps = [], []
+    for factor in params["budgets"]:
+        budget = float(factor) * t_grad
+        at = {n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}
+        for name, row in at.items():
+            rows.append(
+                {
+                    "R": R,
+                    "budget_factor": factor,
+                    "budget_s": budget,
+                    "method": name,
+                    "cost": None if row is None else row["heldout_cost"],
+                    "wall_s": None if row is None else row["wall_s"],
+                    "rollouts": None if row is None else row["rollouts"],
+                }
+            )
+        for ch in CHALLENGERS:
+            for base in BASELINES:
+                if at.get(ch) is None or at.get(base) is None:
+                    continue
+                comps.append(
+                    {
+                        "R": R,
+                        "budget_factor": factor,
+                        "budget_s": budget,
+                        "method": ch,
+                        "baseline": base,
+                        "charged": False,
+                        **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"], n_boot, seed),
+                    }
+                )
+    scored = [r for r in rows if r["cost"] is not None]
+    # Who wins: the methods compared (each calibrated model's own run is shown, not ranked: the
+    # gradient is the one chosen on the training sends).
+    ranked = [r for r in scored if not r["method"].startswith("gradient, ")]
+    winners = [
+        min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
+        for f in params["budgets"]
+    ]
+    # Charged in full: the gradient (at t_grad) and the hybrid (at its whole budget) plus the
+    # calibration's time, against each baseline given that total.
+    cal = grad["calibration_cost"]["total_s"]
+    charged = []
+    top = float(params["budget_factor"]) * t_grad
+    for ch, own_s in ((GRADIENT, t_grad), (BLACKBOX["hybrid"], top)):
+        for base in BASELINES:
+            if ch not in results or base not in results or cal is None:
+                continue
+            total = own_s + cal
+            row = {
+                "R": R,
+                "method": ch,
+                "baseline": base,
+                "charged": True,
+                "own_s": own_s,
+                "calibration_s": cal,
+                "total_s": total,
+                "baseline_ran_s": ends[base],
+                "covered": ends[base] >= total,
+            }
+            if row["covered"]:
+                a, b = _at(results[ch]["trace"], own_s), _at(results[base]["trace"], total)
+                row |= {**paired(a["heldout_cells"], b["heldout_cells"], n_boot, seed)}
+            charged.append(row)
+    # Break-even: when each baseline's best-so-far first reaches the gradient's cost, and so the
+    # calibration time the gradient could be charged and still win, and the fleets to amortise it.
+    g_cost = _at(results[GRADIENT]["trace"], t_grad)["heldout_cost"]
+    even = []
+    for base in BASELINES:
+        if base not in results:
+            continue
+        t = break_even(results[base]["trace"], g_cost, 0.0)
+        slack = None if t is None else t - t_grad
+        reach = ends[base] - t_grad  # the slack is at least this where the baseline never reached it
+        even.append(
+            {
+                "R": R,
+                "baseline": base,
+                "gradient_cost": g_cost,
+                "reached_s": t,
+                "ran_s": ends[base],
+                "slack_s": slack,
+                "slack_at_least_s": reach if t is None else None,
+                "calibration_s": cal,
+                "fleets_to_amortise": (
+                    None if cal is None or slack is None or slack <= 0 else math.ceil(cal / slack)
+                ),
+                "fleets_to_amortise_at_most": (
+                    None if cal is None or t is not None or reach <= 0 else math.ceil(cal / reach)
+                ),
+                "never_pays": slack is not None and slack <= 0,
+                "pays_in_one_run": cal is not None and (slack if t is not None else reach) >= cal,
+            }
+        )
+    # The uniform policy against the best per-robot solution (lowest cost at the largest budget).
+    best = min((r for r in ranked if r["budget_factor"] == max(params["budgets"])), key=lambda r: r["cost"])
+    best_cells = _at(results[best["method"]]["trace"], best["budget_s"])["heldout_cells"]
+    uni = results[UNIFORM]
+    uniform = {
+        "R": R,
+        "method": best["method"],
+        "cost": best["cost"],
+        "uniform_cost": float(sum(uni["heldout_cells"]) / len(uni["heldout_cells"])),
+        "p": uni["info"]["p"],
+        "tx_dbm": uni["info"]["tx_dbm"],
+        **paired(uni["heldout_cells"], best_cells, n_boot, seed),
+    }
+    uniform["clearly_worse"] = uniform["lo"] > 0
+    uniform["worse_cells"] = float(
+        sum(a > b for a, b in zip(uni["heldout_cells"], best_cells, strict=True)) / len(best_cells)
+    )
+    size = {
+        "R": R,
+        "E": grad["E"],
+        "t_grad_s": t_grad,
+        "chosen": grad["chosen"],
+        "select_s": grad["select_s"],
+        "select_rollouts": grad["select_rollouts"],
+        "calibration_targets_s": grad["calibration_cost"]["targets_s"],
+        "calibration_fit_s": grad["calibration_cost"]["fit_s"],
+        "calibration_s": cal,
+        "gradients": [
+            {
+                "method": n,
+                "wall_s": results[n]["wall_s"],
+                "train_cost": c,
+                "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"])),
+            }
+            for n, c in grad["train_cost"].items()
+        ],
+        "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends],
+        "winners": winners,
+        "uniform": uniform,
+        "by_method": [
+            {"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
+            for n in results
+            if n != UNIFORM
+        ],
+    }
+    return {
+        "rows": rows,
+        "comparisons": comps,
+        "charged": charged,
+        "break_even": even,
+        "size": size,
+        "traces": {
+            n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
+            for n, r in results.items()
+            if n != UNIFORM
+        },
+    }
+
+
+def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
+    """The issue's targets on the comparisons: per fleet size of ``amortised_R``, the gradient or
+    the hybrid better than every baseline at ``budget`` x t_grad (interval below 0, better in at
+    least ``better_cells_min`` of the cells); per size of ``charged_R``, the gradient or the hybrid
+    plus the calibration better than CMA-ES at the same total (interval below 0). None: not measured
+    (the size was not run, or the baseline did not run as long)."""
+
+    def amortised(R):
+        if R not in sizes:
+            return None
+        ok = []
+        for ch in CHALLENGERS:
+            rows = [
+                c for c in comps if c["R"] == R and c["method"] == ch and c["budget_factor"] == t["budget"]
+            ]
+            if len(rows) == len(BASELINES):
+                ok.append(all(c["hi"] < 0 and c["better_cells"] >= t["better_cells_min"] for c in rows))
+        return any(ok) if ok else None
+
+    def full(R):
+        rows = [c for c in charged if c["R"] == R and c["baseline"] == "CMA-ES" and c["covered"]]
+        return None if R not in sizes or not rows else any(c["hi"] < 0 for c in rows)
+
+    out = {
+        "amortised": [{"R": R, "met": amortised(R)} for R in t["amortised_R"]],
+        "charged": [{"R": R, "met": full(R)} for R in t["charged_R"]],
+    }
+    flags = [r["met"] for r in out["amortised"] + out["charged"]]
+    out["met"] = None if any(f is None for f in flags) else all(flags)
+    out["measured"] = sum(f is not None for f in flags)
+    return out
+
+
+def merge_payload(grads: list, boxes: list, params: dict) -> dict:
+    """The artifact's payload (figure aside) from the gradient jobs' and black-box jobs' payloads."""
+    from isaac_net.optimise import DEFAULT_CLASSES
+    from isaac_net.optimise.fleet import class_counts
+
+    sizes = sorted(g["R"] for g in grads)
+    per = {}
+    for g in sorted(grads, key=lambda g: g["R"]):
+        per[g["R"]] = compare_size(g, {b["method"]: b for b in boxes if b["R"] == g["R"]}, params)
+    rows = [r for p in per.values() for r in p["rows"]]
+    comps = [c for p in per.values() for c in p["comparisons"]]
+    charged = [c for p in per.values() for c in p["charged"]]
+    targets = check_targets(params["targets"], comps, charged, sizes)
+    summary = {
+        "level": params["level"],
+        "E": int(params["E"]),
+        "T_eval": int(params["T_eval"]),
+        "warmup_eval": int(params["warmup_eval"]),
+        "sizes": len(sizes),
+        "R_min": sizes[0],
+        "R_max": sizes[-1],
+        "budget_factor": params["budget_factor"],
+        "iters": int(params["gradient"]["iters"]),
+        "T": int(params["gradient"]["T"]),
+        "n_boot": int(params["n_boot"]),
+        "ci_pct": 95,
+        "targets_met": targets["met"],
+        "classes": len(DEFAULT_CLASSES),
+    }
+    classes = [
+        {
+            "name": c.name,
+            "share": c.share,
+            "size_lo_kB": c.size_bytes[0] / 1e3,
+            "size_hi_kB": c.size_bytes[1] / 1e3,
+            "distance_lo_m": c.distance_m[0],
+            "distance_hi_m": c.distance_m[1],
+            "weight": c.weight,
+            "delivery_min": c.delivery_min,
+            "robots": [class_counts([k.share for k in DEFAULT_CLASSES], R)[i] for R in sizes],
+        }
+        for i, c in enumerate(DEFAULT_CLASSES)
+    ]
+    return {
+        "summary": summary,
+        "classes": classes,
+        "table": rows,
+        "comparisons": comps,
+        "charged": charged,
+        "break_even": [e for p in per.values() for e in p["break_even"]],
+        "sizes": [p["size"] for p in per.values()],
+        "targets": targets,
+        "traces": {str(R): p["traces"] for R, p in per.items()},
+    }
+
+
+def merge(stage, params: dict, out: dict) -> None:
+    grads = [json.loads(open(p).read()) for p in out["gradient"]]
+    boxes = [json.loads(open(p).read()) for p in out["blackbox"]]
+    payload = merge_payload(grads, boxes, params)
+    if "figure" in out:
+        plot_fleet_opt(
+            {int(R): t for R, t in payload["traces"].items()},
+            {s["R"]: s["t_grad_s"] for s in payload["sizes"]},
+            out["figure"],
+            params["level"],
+        )
+        payload["figure"] = out["figure"].rsplit("/", 1)[-1]
+    stage.write_json(out["json"], payload)
+
+
+def main(stage, params: dict, out: dict, part: str | None = None) -> None:
+    """Gradients through the calibrated models against CMA-ES, TPE, random search and the hybrid on
+    the packet level, at several fleet sizes (``part``: gradient-<R>, blackbox-<R>-<method>, merge)."""
+    kind, *rest = (part or "").split("-")
+    if kind == "gradient" and len(rest) == 1 and rest[0].isdigit():
+        gradient_part(stage, params, out, int(rest[0]))
+    elif kind == "blackbox" and len(rest) == 2 and rest[0].isdigit():
+        blackbox_part(stage, params, out, int(rest[0]), rest[1])
+    elif kind == "merge" and not rest:
+        merge(stage, params, out)
+    else:
+        raise ValueError(f"part: expected gradient-<R>, blackbox-<R>-<method> or merge, got {part!r}")
+
+
+if __name__ == "__main__":
+    run(main, globals().get("snakemake"))
