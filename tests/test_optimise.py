@@ -131,25 +131,26 @@ def test_random_search_respects_and_counts_its_budget():
     res = opt.random_search(dec, sc, opt.Budget(rollouts=50), per_round=4)
     assert res.info["candidates"] == 24 and res.rollouts == 48 == sc.rollouts  # 6 rounds of 8; a 7th overruns
     assert [r["rollouts"] for r in res.trace] == [0, 8, 16, 24, 32, 40, 48, 48]
-    best = [r["best_heldout_cost"] for r in res.trace]
-    assert best == sorted(best, reverse=True)  # best so far never rises
+    best = [r["heldout_cost"] for r in res.trace]
+    assert best == sorted(best, reverse=True)  # its pick, the best on the training sends, never gets worse
 
 
-def test_trace_rows_carry_the_cells_and_best_at_slices_a_budget():
+def test_trace_rows_carry_the_cells_and_solution_at_slices_a_budget():
     fleet, dec = small(E=2, R=3)
     res = opt.random_search(dec, QuadScorer(dec), opt.Budget(rollouts=50), per_round=4)
     for r in res.trace:
         assert len(r["heldout_cells"]) == 2
         assert r["heldout_cost"] == pytest.approx(sum(r["heldout_cells"]) / 2)
-    at = opt.best_at(res.trace, rollouts=20)  # rows at 0, 8 and 16 rollouts
-    assert at["rollouts"] <= 16 and at["heldout_cost"] == res.trace[2]["best_heldout_cost"]
+    at = opt.solution_at(res.trace, rollouts=20)  # rows at 0, 8 and 16 rollouts
+    assert at is res.trace[2]
     trace = [{"wall_s": w, "rollouts": r, "heldout_cost": c} for w, r, c in
              ((0.0, 0, 3.0), (1.0, 4, 1.0), (2.0, 8, 2.0), (5.0, 9, 0.5))]
-    assert opt.best_at(trace, wall_s=0.5)["wall_s"] == 0.0
-    assert opt.best_at(trace, wall_s=4.0)["wall_s"] == 1.0  # best so far, not the last row
-    assert opt.best_at(trace, wall_s=4.0, rollouts=2)["wall_s"] == 0.0
-    assert opt.best_at(trace)["wall_s"] == 5.0
-    assert opt.best_at(trace, wall_s=-1.0) is None
+    assert opt.solution_at(trace, wall_s=0.5)["wall_s"] == 0.0
+    # the solution the method stands at, not the one of lowest held-out cost (that would select on it)
+    assert opt.solution_at(trace, wall_s=4.0)["wall_s"] == 2.0
+    assert opt.solution_at(trace, wall_s=4.0, rollouts=2)["wall_s"] == 0.0
+    assert opt.solution_at(trace)["wall_s"] == 5.0
+    assert opt.solution_at(trace, wall_s=-1.0) is None
 
 
 def test_tpe_counts_rounds_and_starts_at_the_start():

@@ -275,10 +275,11 @@ def optimisation(payload: dict, path: str, title: str) -> None:
 
 
 def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
-    """Best-so-far held-out cost on ``level`` per fleet size: against wall time (log x, the budgets
-    ``ref_s[R]`` x 1, 3, 10 dotted) and against the level's cell-rollouts (symlog x).
+    """Held-out cost on ``level`` of each method's solution so far, per fleet size: against wall
+    time (log x, the budgets ``ref_s[R]`` x 1, 3, 10 dotted) and against the level's cell-rollouts
+    (symlog x).
 
-    :input traces: ``{R: {method: [rows with wall_s, rollouts, best_heldout_cost]}}``.
+    :input traces: ``{R: {method: [rows with wall_s, rollouts, heldout_cost]}}``.
     :input ref_s: ``{R: the gradient's wall time, s}``.
     """
     sizes = list(traces)
@@ -288,7 +289,7 @@ def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
             if not rows:
                 continue
             style = dict(color=_COLORS[i % len(_COLORS)], lw=1.4, where="post", label=name)
-            best = [r["best_heldout_cost"] for r in rows]
+            best = [r["heldout_cost"] for r in rows]
             ax_t.step([max(r["wall_s"], 1e-3) for r in rows], best, **style)
             ax_r.step([r["rollouts"] for r in rows], best, **style)
         for b in (1, 3, 10):
@@ -298,7 +299,7 @@ def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
         ax_t.set_xlabel("wall time, s (dotted: 1, 3, 10 x the gradient's)")
         ax_r.set_xlabel(f"{level} cell-rollouts (training)")
         for ax in (ax_t, ax_r):
-            ax.set_ylabel(f"best-so-far held-out cost, R = {R}")
+            ax.set_ylabel(f"held-out cost of the solution, R = {R}")
             ax.grid(alpha=0.3)
         ax_r.legend(fontsize=7, loc="upper right")
     fig.tight_layout()

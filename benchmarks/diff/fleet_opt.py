@@ -18,8 +18,9 @@ Three parts, one per rule (``params.part``):
   the paired differences, the comparisons charged in full, the break-even, the uniform policy
   against the best per-robot solution, the targets, and the figure.
 
-At a budget, a method's solution is its best-so-far: the recorded solution with the lowest
-held-out cost within the budget (``isaac_net.optimise.best_at``), the same pick for every method.
+At a budget, a method's solution is the one it stands at when the budget runs out, its own pick
+made without the held-out sends (``isaac_net.optimise.solution_at``): the same rule for every
+method.
 """
 
 import json
@@ -178,7 +179,9 @@ def blackbox_budget(params: dict, grad: dict, method: str) -> float:
     budget = float(params["budget_factor"]) * grad["t_grad_s"]
     cal = grad["calibration_cost"]["total_s"]
     if method == "cmaes" and grad["R"] in params.get("cover_calibration_R", []) and cal is not None:
-        budget += cal  # the hybrid's budget plus the calibration: both comparisons charged in full
+        # the hybrid's budget plus the calibration (both comparisons charged in full), up to a cap
+        # that keeps the profile's length bounded (beyond it the comparison reads "not measured")
+        budget += min(cal, float(params["cover_calibration_max_s"]))
     return budget
 
 
@@ -254,9 +257,9 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
 
 # ------------------------------------------------------------------------------ the merge
 def _at(trace: list, wall_s: float) -> dict | None:
-    from isaac_net.optimise import best_at
+    from isaac_net.optimise import solution_at
 
-    return best_at(trace, wall_s=wall_s)
+    return solution_at(trace, wall_s=wall_s)
 
 
 def paired(a: list, b: list, n_boot: int, seed: int) -> dict:
@@ -276,12 +279,10 @@ def paired(a: list, b: list, n_boot: int, seed: int) -> dict:
 
 
 def break_even(trace: list, cost: float, after_s: float) -> float | None:
-    """The first wall time (s) at which the best-so-far of ``trace`` is at most ``cost``, from
-    ``after_s`` on (None: never within the trace)."""
-    best = math.inf
+    """The first wall time (s) at which the solution of ``trace`` (the method's own pick) costs at
+    most ``cost`` held out, from ``after_s`` on (None: never within the trace)."""
     for r in trace:
-        best = min(best, r["heldout_cost"])
-        if best <= cost:
+        if r["heldout_cost"] <= cost:
             return max(r["wall_s"], after_s)
     return None
 
@@ -357,7 +358,7 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
                 a, b = _at(results[ch]["trace"], own_s), _at(results[base]["trace"], total)
                 row |= {**paired(a["heldout_cells"], b["heldout_cells"], n_boot, seed)}
             charged.append(row)
-    # Break-even: when each baseline's best-so-far first reaches the gradient's cost, and so the
+    # Break-even: when each baseline's solution first reaches the gradient's cost, and so the
     # calibration time the gradient could be charged and still win, and the fleets to amortise it.
     g_cost = _at(results[GRADIENT]["trace"], t_grad)["heldout_cost"]
     even = []

@@ -25,11 +25,11 @@ from isaac_net.optimise.cost import env_cost, env_kpis, fleet_cost, paired_diff
 from isaac_net.optimise.fleet import DEFAULT_CLASSES, Fleet, FleetDecisions, RobotClass, make_fleet
 from isaac_net.optimise.gradient import anneal, bounded, gradient_descent, unbounded
 from isaac_net.optimise.methods import Result, cmaes, gradient, hybrid, random_search, tpe, uniform_policy
-from isaac_net.optimise.score import Budget, Run, Scorer, best_at
+from isaac_net.optimise.score import Budget, Run, Scorer, solution_at
 
 __all__ = [
     "Budget", "DEFAULT_CLASSES", "DEFAULT_COST", "Fleet", "FleetDecisions", "METHODS", "Result",
-    "RobotClass", "Run", "Scorer", "anneal", "best_at",
+    "RobotClass", "Run", "Scorer", "anneal", "solution_at",
     "bounded", "cmaes", "env_cost", "env_kpis", "fleet_cost",
     "gradient", "gradient_descent", "hybrid", "make_fleet", "optimise_fleet", "paired_diff",
     "random_search", "summarise", "tpe", "unbounded", "uniform_policy",

@@ -127,25 +127,24 @@ class Run:
                 or (b.rollouts is not None and self.rollouts + next_rollouts > b.rollouts))
 
     def record(self, dec: dict) -> torch.Tensor:
-        """Score the current solution ``dec`` held out (off the clock), append a trace row and
-        return its cost ``[E]``. Rows: ``wall_s``, ``rollouts``, ``heldout_cost`` (mean over
-        cells), ``heldout_cells`` (the ``E`` per-cell costs, for paired comparisons at a budget:
-        :func:`best_at`) and ``best_heldout_cost`` (its running minimum: the curve's best-so-far)."""
+        """Score the method's current solution ``dec`` (its own pick, made without the held-out
+        sends) held out, off the clock; append a trace row and return its cost ``[E]``. Rows:
+        ``wall_s``, ``rollouts``, ``heldout_cost`` (mean over cells) and ``heldout_cells`` (the
+        ``E`` per-cell costs, for paired comparisons at a budget: :func:`solution_at`)."""
         t = time.perf_counter()
         wall, rollouts = self.wall_s, self.rollouts
         cost = self.scorer.heldout(dec)
-        mean = float(cost.mean())
-        best = min(mean, self.trace[-1]["best_heldout_cost"]) if self.trace else mean
-        self.trace.append({"wall_s": wall, "rollouts": rollouts, "heldout_cost": mean,
-                           "heldout_cells": cost.tolist(), "best_heldout_cost": best})
+        self.trace.append({"wall_s": wall, "rollouts": rollouts, "heldout_cost": float(cost.mean()),
+                           "heldout_cells": cost.tolist()})
         self._paused += time.perf_counter() - t
         return cost
 
 
-def best_at(trace: list, *, wall_s: float | None = None, rollouts: int | None = None) -> dict | None:
-    """The best-so-far row of a :meth:`Run.record` trace at a budget: of the rows recorded within
-    ``wall_s`` and ``rollouts`` (None: no limit), the one with the lowest ``heldout_cost`` (the
-    first of equals); None where no row is within the budget."""
+def solution_at(trace: list, *, wall_s: float | None = None, rollouts: int | None = None) -> dict | None:
+    """The row of a :meth:`Run.record` trace a method stands at when its budget runs out: the last
+    one recorded within ``wall_s`` and ``rollouts`` (None: no limit); None where none is. Its
+    solution is the method's own pick (the gradient's iterate, CMA-ES's mean, the best on the
+    training sends): choosing the row by its held-out cost would fit on the evaluation sends."""
     rows = [r for r in trace if (wall_s is None or r["wall_s"] <= wall_s)
             and (rollouts is None or r["rollouts"] <= rollouts)]
-    return min(rows, key=lambda r: r["heldout_cost"]) if rows else None
+    return rows[-1] if rows else None
