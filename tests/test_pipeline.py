@@ -199,7 +199,7 @@ def fixture_artifacts() -> dict[str, dict]:
 # best; at R = 32 CMA-ES and TPE never reach the gradient, charged in full or not.
 FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval": 8, "budget_factor": 10,
              "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_max_s": 400,
-             "hybrid_sigma0": 0.05,
+             "p_init": 0.5, "p_init_ref_R": 8, "tx_init_dbm": 20.0, "hybrid_sigma0": 0.05,
              "random_per_round": 16,
              "n_boot": 200, "gradient": {"iters": 60, "T": 16, "lr": 0.1, "tau_start": 0.2, "tau_end": 0.02},
              "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},

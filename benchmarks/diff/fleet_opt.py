@@ -72,7 +72,10 @@ def problem(params: dict, R: int):
         cfg=cfg,
         seed=int(params["seed"]),
     )
-    return fleet, opt.FleetDecisions(fleet), scorer, cfg
+    # Every method starts at the same point: p_init at p_init_ref_R robots per cell, scaled to R (the
+    # same offered load per cell at every size; a fixed p would start a 64-robot cell deep in overload).
+    p0 = min(float(params["p_init"]) * int(params["p_init_ref_R"]) / int(R), float(params["p_init"]))
+    return fleet, opt.FleetDecisions(fleet, p_init=p0, tx_init_dbm=float(params["tx_init_dbm"])), scorer, cfg
 
 
 def model_name(m: dict) -> str:
