@@ -290,55 +290,33 @@ def break_even(trace: list, cost: float, after_s: float) -> float | None:
     return None
 
 
-def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
-    """The comparisons at one fleet size: ``grad`` the gradient job's payload, ``boxes`` the
-    black-box jobs' by method name."""
+def _at_budgets(results: dict, params: dict, R: int, t_grad: float) -> tuple[list, list]:
+    """Each method's solution at each budget (rows) and the paired comparisons of the challengers
+    against the baselines there (calibration amortised)."""
     n_boot, seed = int(params["n_boot"]), int(params["seed"])
-    R, t_grad = grad["R"], grad["t_grad_s"]
-    results = {**grad["results"], **{b["result"]["name"]: b["result"] for b in boxes.values()}}
-    ends = {b["result"]["name"]: b["budget_s"] for b in boxes.values()}
     rows, comps = [], []
     for factor in params["budgets"]:
         budget = float(factor) * t_grad
         at = {n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}
         for name, row in at.items():
-            rows.append(
-                {
-                    "R": R,
-                    "budget_factor": factor,
-                    "budget_s": budget,
-                    "method": name,
-                    "cost": None if row is None else row["heldout_cost"],
-                    "wall_s": None if row is None else row["wall_s"],
-                    "rollouts": None if row is None else row["rollouts"],
-                }
-            )
+            rows.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": name,
+                         "cost": None if row is None else row["heldout_cost"],
+                         "wall_s": None if row is None else row["wall_s"],
+                         "rollouts": None if row is None else row["rollouts"]})
         for ch in CHALLENGERS:
             for base in BASELINES:
                 if at.get(ch) is None or at.get(base) is None:
                     continue
-                comps.append(
-                    {
-                        "R": R,
-                        "budget_factor": factor,
-                        "budget_s": budget,
-                        "method": ch,
-                        "baseline": base,
-                        "charged": False,
-                        **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"], n_boot, seed),
-                    }
-                )
-    scored = [r for r in rows if r["cost"] is not None]
-    # Who wins: the methods compared (each calibrated model's own run is shown, not ranked: the
-    # gradient is the one chosen on the training sends).
-    ranked = [r for r in scored if not r["method"].startswith("gradient, ")]
-    winners = [
-        min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
-        for f in params["budgets"]
-    ]
-    # Charged in full: the gradient (at t_grad) and the hybrid (at its whole budget) plus the
-    # calibration's time, against each baseline given that total.
-    cal = grad["calibration_cost"]["total_s"]
+                comps.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": ch,
+                              "baseline": base, "charged": False,
+                              **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"], n_boot, seed)})
+    return rows, comps
+
+
+def _charged(results: dict, ends: dict, params: dict, R: int, t_grad: float, cal) -> list:
+    """Charged in full: the gradient (at t_grad) and the hybrid (at its whole budget) plus the
+    calibration's time, against each baseline given that total (where the baseline ran that long)."""
+    n_boot, seed = int(params["n_boot"]), int(params["seed"])
     charged = []
     top = float(params["budget_factor"]) * t_grad
     for ch, own_s in ((GRADIENT, t_grad), (BLACKBOX["hybrid"], top)):
@@ -346,23 +324,19 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
             if ch not in results or base not in results or cal is None:
                 continue
             total = own_s + cal
-            row = {
-                "R": R,
-                "method": ch,
-                "baseline": base,
-                "charged": True,
-                "own_s": own_s,
-                "calibration_s": cal,
-                "total_s": total,
-                "baseline_ran_s": ends[base],
-                "covered": ends[base] >= total,
-            }
+            row = {"R": R, "method": ch, "baseline": base, "charged": True, "own_s": own_s,
+                   "calibration_s": cal, "total_s": total, "baseline_ran_s": ends[base],
+                   "covered": ends[base] >= total}
             if row["covered"]:
                 a, b = _at(results[ch]["trace"], own_s), _at(results[base]["trace"], total)
                 row |= {**paired(a["heldout_cells"], b["heldout_cells"], n_boot, seed)}
             charged.append(row)
-    # Break-even: when each baseline's solution first reaches the gradient's cost, and so the
-    # calibration time the gradient could be charged and still win, and the fleets to amortise it.
+    return charged
+
+
+def _break_even(results: dict, ends: dict, R: int, t_grad: float, cal) -> list:
+    """When each baseline's solution first reaches the gradient's cost, and so the calibration time
+    the gradient could be charged and still win, and the fleets to amortise it over."""
     g_cost = _at(results[GRADIENT]["trace"], t_grad)["heldout_cost"]
     even = []
     for base in BASELINES:
@@ -371,83 +345,64 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
         t = break_even(results[base]["trace"], g_cost, 0.0)
         slack = None if t is None else t - t_grad
         reach = ends[base] - t_grad  # the slack is at least this where the baseline never reached it
-        even.append(
-            {
-                "R": R,
-                "baseline": base,
-                "gradient_cost": g_cost,
-                "reached_s": t,
-                "ran_s": ends[base],
-                "slack_s": slack,
-                "slack_at_least_s": reach if t is None else None,
-                "calibration_s": cal,
-                "fleets_to_amortise": (
-                    None if cal is None or slack is None or slack <= 0 else math.ceil(cal / slack)
-                ),
-                "fleets_to_amortise_at_most": (
-                    None if cal is None or t is not None or reach <= 0 else math.ceil(cal / reach)
-                ),
-                "never_pays": slack is not None and slack <= 0,
-                "pays_in_one_run": cal is not None and (slack if t is not None else reach) >= cal,
-            }
-        )
-    # The uniform policy against the best per-robot solution (lowest cost at the largest budget).
+        even.append({
+            "R": R, "baseline": base, "gradient_cost": g_cost, "reached_s": t, "ran_s": ends[base],
+            "slack_s": slack, "slack_at_least_s": reach if t is None else None, "calibration_s": cal,
+            "fleets_to_amortise": (None if cal is None or slack is None or slack <= 0
+                                   else math.ceil(cal / slack)),
+            "fleets_to_amortise_at_most": (None if cal is None or t is not None or reach <= 0
+                                           else math.ceil(cal / reach)),
+            "never_pays": slack is not None and slack <= 0,
+            "pays_in_one_run": cal is not None and (slack if t is not None else reach) >= cal})
+    return even
+
+
+def _uniform_vs_best(results: dict, ranked: list, params: dict, R: int) -> dict:
+    """The uniform policy against the best per-robot solution found (the lowest held-out cost at
+    the largest budget, among the methods compared)."""
+    n_boot, seed = int(params["n_boot"]), int(params["seed"])
     best = min((r for r in ranked if r["budget_factor"] == max(params["budgets"])), key=lambda r: r["cost"])
     best_cells = _at(results[best["method"]]["trace"], best["budget_s"])["heldout_cells"]
     uni = results[UNIFORM]
-    uniform = {
-        "R": R,
-        "method": best["method"],
-        "cost": best["cost"],
-        "uniform_cost": float(sum(uni["heldout_cells"]) / len(uni["heldout_cells"])),
-        "p": uni["info"]["p"],
-        "tx_dbm": uni["info"]["tx_dbm"],
-        **paired(uni["heldout_cells"], best_cells, n_boot, seed),
-    }
+    uniform = {"R": R, "method": best["method"], "cost": best["cost"],
+               "uniform_cost": float(sum(uni["heldout_cells"]) / len(uni["heldout_cells"])),
+               "p": uni["info"]["p"], "tx_dbm": uni["info"]["tx_dbm"],
+               **paired(uni["heldout_cells"], best_cells, n_boot, seed)}
     uniform["clearly_worse"] = uniform["lo"] > 0
     uniform["worse_cells"] = float(
-        sum(a > b for a, b in zip(uni["heldout_cells"], best_cells, strict=True)) / len(best_cells)
-    )
+        sum(a > b for a, b in zip(uni["heldout_cells"], best_cells, strict=True)) / len(best_cells))
+    return uniform
+
+
+def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
+    """The comparisons at one fleet size: ``grad`` the gradient job's payload, ``boxes`` the
+    black-box jobs' by method name."""
+    R, t_grad = grad["R"], grad["t_grad_s"]
+    results = {**grad["results"], **{b["result"]["name"]: b["result"] for b in boxes.values()}}
+    ends = {b["result"]["name"]: b["budget_s"] for b in boxes.values()}
+    cal = grad["calibration_cost"]["total_s"]
+    rows, comps = _at_budgets(results, params, R, t_grad)
+    # Who wins: the methods compared (each calibrated model's own run is shown, not ranked: the
+    # gradient is the one chosen on the training sends).
+    ranked = [r for r in rows if r["cost"] is not None and not r["method"].startswith("gradient, ")]
+    winners = [min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
+               for f in params["budgets"]]
     size = {
-        "R": R,
-        "E": grad["E"],
-        "t_grad_s": t_grad,
-        "chosen": grad["chosen"],
-        "select_s": grad["select_s"],
+        "R": R, "E": grad["E"], "t_grad_s": t_grad, "chosen": grad["chosen"], "select_s": grad["select_s"],
         "select_rollouts": grad["select_rollouts"],
         "calibration_targets_s": grad["calibration_cost"]["targets_s"],
-        "calibration_fit_s": grad["calibration_cost"]["fit_s"],
-        "calibration_s": cal,
-        "gradients": [
-            {
-                "method": n,
-                "wall_s": results[n]["wall_s"],
-                "train_cost": c,
-                "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"])),
-            }
-            for n, c in grad["train_cost"].items()
-        ],
-        "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends],
-        "winners": winners,
-        "uniform": uniform,
-        "by_method": [
-            {"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
-            for n in results
-            if n != UNIFORM
-        ],
-    }
-    return {
-        "rows": rows,
-        "comparisons": comps,
-        "charged": charged,
-        "break_even": even,
-        "size": size,
-        "traces": {
-            n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
-            for n, r in results.items()
-            if n != UNIFORM
-        },
-    }
+        "calibration_fit_s": grad["calibration_cost"]["fit_s"], "calibration_s": cal,
+        "gradients": [{"method": n, "wall_s": results[n]["wall_s"], "train_cost": c,
+                       "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"]))}
+                      for n, c in grad["train_cost"].items()],
+        "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends], "winners": winners,
+        "uniform": _uniform_vs_best(results, ranked, params, R),
+        "by_method": [{"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
+                      for n in results if n != UNIFORM]}
+    traces = {n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
+              for n, r in results.items() if n != UNIFORM}
+    return {"rows": rows, "comparisons": comps, "charged": _charged(results, ends, params, R, t_grad, cal),
+            "break_even": _break_even(results, ends, R, t_grad, cal), "size": size, "traces": traces}
 
 
 def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
