@@ -999,8 +999,8 @@ def test_faults_a_deleted_figure_or_page_copy_is_rebuilt(tmp_path):
     something asks for)."""
     wf, ci, results = stubbed_ci_run(tmp_path)
     copies = sorted(p.name for p in (results / "figures").iterdir())
-    assert copies == sorted(["calibration.png", "convergence_curves.png", "fd_check.png", "nn_proxy.png",
-                             "opt_rates.png", "placement.png", "sensitivity.png"])
+    assert copies == sorted(["calibration.png", "convergence_curves.png", "fd_check.png", "fleet_opt.png",
+                             "nn_proxy.png", "opt_rates.png", "placement.png", "sensitivity.png"])
     assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "2", *ci)
 
     (results / "fd_check.png").unlink()  # a stage's figure: its stage reruns, then the page
