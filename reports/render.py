@@ -26,10 +26,12 @@ Usage (the pipeline's ``page`` rule calls it as a script)::
 import argparse
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
 import math
 import operator
+import os
 import re
 import shutil
 import sys
@@ -453,6 +455,145 @@ def words(items) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+# ---------------------------------------------------------------------------- critical path
+def _job(path: Path) -> dict | None:
+    """The provenance of a job's artifact: a JSON file whose ``provenance`` has a finite ``wall_s``
+    (s). None for any other file (a source, a table, a figure, a JSON without a wall time)."""
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        prov = json.loads(path.read_text()).get("provenance")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    wall_s = prov.get("wall_s") if isinstance(prov, dict) else None
+    if isinstance(wall_s, bool) or not isinstance(wall_s, (int, float)) or not math.isfinite(wall_s):
+        return None
+    return prov
+
+
+def _files(prov: dict, field: str) -> list[str]:
+    """The paths of ``provenance.inputs.<field>`` (``files`` or ``outputs``: path -> sha256, or a list)."""
+    inputs = prov.get("inputs")
+    value = inputs.get(field) if isinstance(inputs, dict) else None
+    return [str(p) for p in value] if isinstance(value, (dict, list)) else []
+
+
+def _at(path: str | Path, base: Path) -> Path:
+    """A recorded path (relative to ``base`` unless absolute), resolved."""
+    path = Path(path)
+    return (path if path.is_absolute() else base / path).resolve()
+
+
+def _job_graph(roots: list[Path], base: Path) -> tuple[dict[Path, dict], dict[Path, list[Path]]]:
+    """The jobs the ``roots`` come from (artifact -> provenance, the roots included) and each job's
+    upstream jobs (artifact -> artifacts, sorted). An input is a job's artifact when it is one (a JSON
+    with a wall time) or when an artifact in the roots' folders (searched recursively) lists it among
+    its outputs (a table, a figure, a model file written beside it)."""
+    producer: dict[Path, Path] = {}  # output file -> artifact of the job that wrote it
+    for folder in sorted({r.parent for r in roots}):
+        for path in sorted(folder.rglob("*.json")):
+            prov = _job(path)
+            for out in _files(prov, "outputs") if prov is not None else []:
+                producer.setdefault(_at(out, base), path.resolve())
+    jobs: dict[Path, dict] = {}
+    upstream: dict[Path, list[Path]] = {}
+    todo = list(roots)
+    while todo:
+        node = todo.pop()
+        if node in jobs:
+            continue
+        jobs[node] = prov = _job(node)
+        ups = set()
+        for name in _files(prov, "files"):
+            path = _at(name, base)
+            up = producer.get(path, path if _job(path) is not None else None)
+            if up is not None:
+                ups.add(up)
+        upstream[node] = sorted(ups)
+        todo.extend(upstream[node])
+    return jobs, upstream
+
+
+def _longest_chain(jobs: dict[Path, dict], upstream: dict[Path, list[Path]]) -> list[Path]:
+    """The chain of jobs (first job first) with the largest summed ``wall_s``; ties go to the first
+    artifact in path order. Memoised depth-first search; a cycle raises ValueError."""
+    best: dict[Path, tuple[float, Path | None]] = {}  # job -> (longest chain ending there, s; previous job)
+    stack: list[Path] = []
+
+    def finish_s(node: Path) -> float:
+        if node in best:
+            return best[node][0]
+        if node in stack:
+            loop = [*stack[stack.index(node):], node]
+            raise ValueError("roots: the jobs' inputs form a cycle (each reads the next): "
+                             + " -> ".join(str(p) for p in loop))
+        stack.append(node)
+        prev, start_s = None, 0.0
+        for up in upstream[node]:
+            up_s = finish_s(up)
+            if up_s > start_s:
+                prev, start_s = up, up_s
+        stack.pop()
+        best[node] = (start_s + jobs[node]["wall_s"], prev)
+        return best[node][0]
+
+    node: Path | None = max(sorted(jobs), key=finish_s)
+    chain = []
+    while node is not None:
+        chain.append(node)
+        node = best[node][1]
+    return chain[::-1]
+
+
+def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
+    """The critical path of the job graph the artifacts ``roots`` come from: the chain of jobs, each
+    reading an output of the one before, with the largest summed wall time. It is what the pipeline
+    takes with every job started as soon as its inputs exist (a lower bound on any schedule).
+
+    :param roots: the page's stage artifacts (JSON files, each with ``provenance.wall_s``).
+    :param base: the folder the paths in ``provenance.inputs`` are relative to (the repository).
+    :returns: ``{"seconds", "minutes"}`` (floats: the chain's wall time), ``"jobs"`` (the chain, first
+        job first: ``{"stage", "artifact", "path", "wall_s"}``; ``artifact`` relative to the roots'
+        common folder, ``path`` relative to ``base`` where inside it, ``wall_s`` in s) and
+        ``"n_jobs_total"`` (the jobs in the graph, the roots included).
+    :raises ValueError: no roots, a root that is not a job's artifact, or a cycle.
+    """
+    if not roots:
+        raise ValueError("roots: expected at least one artifact, got none")
+    base = Path(base).resolve()
+    nodes = [Path(r).resolve() for r in roots]
+    for node in nodes:
+        if _job(node) is None:
+            raise ValueError(f"roots: {node} is not a job's artifact (a JSON file whose provenance has a "
+                             "finite wall_s)")
+    jobs, upstream = _job_graph(nodes, base)
+    common = Path(os.path.commonpath([n.parent for n in nodes]))
+
+    def rel(path: Path, folder: Path) -> str:
+        return str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
+
+    chain = [{"stage": str(jobs[n].get("stage", n.stem)), "artifact": rel(n, common), "path": rel(n, base),
+              "wall_s": jobs[n]["wall_s"]} for n in _longest_chain(jobs, upstream)]
+    seconds = sum(job["wall_s"] for job in chain)
+    return {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs)}
+
+
+def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
+    """``critical_path``'s result for the template: each job's ``wall_s`` a ``TNum`` traced to
+    ``provenance.wall_s`` of its artifact; ``seconds`` their sum and ``minutes`` that over 60, keeping
+    the keys; ``n_jobs_total`` a traced count. ``base``: as given to ``critical_path``."""
+    if not path["jobs"]:
+        raise ValueError("path: a critical path without jobs")
+    jobs = []
+    for job in path["jobs"]:
+        stage = job["stage"] if _PLAIN_KEY.fullmatch(job["stage"]) else "job"
+        wall_s = TNum(job["wall_s"], _shown(Path(base) / job["path"]), f"{stage}.provenance.wall_s")
+        jobs.append({**job, "wall_s": wall_s})
+    seconds = functools.reduce(operator.add, [j["wall_s"] for j in jobs])
+    total = TNum(path["n_jobs_total"], jobs[-1]["wall_s"]._src, "len(jobs the page's artifacts come from)")
+    return {"jobs": jobs, "seconds": seconds, "minutes": seconds / 60, "n_jobs_total": total}
+
+
 # ---------------------------------------------------------------------------- artifacts
 def _schema() -> dict:
     return yaml.safe_load(SCHEMA.read_text())
@@ -502,7 +643,8 @@ def environment(folder: Path = TEMPLATE.parent) -> jinja2.Environment:
 
 def render_traced(artifacts: dict[str, dict], paths: dict[str, str], pending: dict[str, str], profile: str,
                   figure_links: dict[str, str] | None = None, template: str | Path = TEMPLATE,
-                  sources: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+                  sources: dict[str, str] | None = None,
+                  critical: dict | None = None) -> tuple[str, list[dict]]:
     """The page and its trace: one entry per number the filters printed (key, file, value,
     text, and the character spans where it landed on the page).
 
@@ -511,6 +653,8 @@ def render_traced(artifacts: dict[str, dict], paths: dict[str, str], pending: di
     :param pending: stage name -> command that produces the artifact (every stage).
     :param figure_links: stage name -> link of its figure relative to the page.
     :param sources: stage name -> artifact file named in the trace and in errors (default: ``paths``).
+    :param critical: the critical path of the job graph (``traced_critical_path``), the template's
+        ``critical_path``; None where not known (the template leaves it out).
     """
     unknown = sorted(set(artifacts) - set(STAGES))
     if unknown:
@@ -521,7 +665,8 @@ def render_traced(artifacts: dict[str, dict], paths: dict[str, str], pending: di
     token = _TRACE.set(trace)
     try:
         marked = tpl.render(a=Artifacts(artifacts, sources or paths), paths=paths, pending=pending,
-                            profile=profile, figures=figure_links or {}, stages=STAGES)
+                            profile=profile, figures=figure_links or {}, stages=STAGES,
+                            critical_path=critical)
     finally:
         _TRACE.reset(token)
     for entry in trace:
@@ -575,8 +720,9 @@ def load_all(artifact_paths: dict[str, str], profile: str) -> tuple[dict, dict]:
 
 def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str, page: str | Path,
           figures_dir: str | Path, trace: str | Path | None = None) -> str:
-    """Load and validate the artifacts that exist, render, copy figures, check the numbers
-    against the trace, write the page and its trace (default: ``trace_path(page)``)."""
+    """Load and validate the artifacts that exist, find the critical path of the jobs they come
+    from (``critical_path``, paths relative to the repository), render, copy figures, check the
+    numbers against the trace, write the page and its trace (default: ``trace_path(page)``)."""
     page, figures_dir = Path(page), Path(figures_dir)
     artifacts, sources = load_all(artifact_paths, profile)
     figure_links = {}
@@ -589,8 +735,9 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
             shutil.copyfile(src, figures_dir / src.name)
             figure_links[name] = str((figures_dir / src.name).relative_to(page.parent))
     paths = {k: str(v) for k, v in artifact_paths.items()}
+    critical = traced_critical_path(critical_path(list(sources.values()))) if sources else None
     text, entries = render_traced(artifacts, paths, pending, profile, figure_links,
-                                  sources={k: _shown(v) for k, v in paths.items()})
+                                  sources={k: _shown(v) for k, v in paths.items()}, critical=critical)
     doc = trace_document(text, entries, profile)
     problems = check_page(text, doc)
     if problems:

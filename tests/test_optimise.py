@@ -71,8 +71,9 @@ def test_one_class_recovers_the_plain_cost_and_uniform_policies():
                            u=fleet.u_train[:8], dtype=torch.float32)
     plain = opt.env_cost(opt.env_kpis(res), {**COST, "delivery_min": 0.95})
     assert torch.equal(opt.fleet_cost(res, fleet, COST), plain)
-    # a per-robot decision that is the same for every robot is the uniform policy
-    x = torch.tensor([[(0.4 - 0.02) / 0.96] * 3 + [17.0 / 23.0] * 3] * 2, dtype=torch.float64)
+    # a per-robot decision that is the same for every robot is the uniform policy (p on the log scale)
+    x = torch.tensor([[math.log(0.4 / 0.02) / math.log(0.98 / 0.02)] * 3 + [17.0 / 23.0] * 3] * 2,
+                     dtype=torch.float64)
     for key, v in dec.from_unit(x).items():
         torch.testing.assert_close(v, d[key])
 
@@ -89,13 +90,49 @@ def test_class_weights_and_floors_enter_the_cost():
     torch.testing.assert_close(opt.fleet_cost(res, fleet, COST), expected)
 
 
-def test_unit_cube_round_trip():
-    fleet, dec = small(E=2, R=4)
+@pytest.mark.parametrize("p_scale", ["log", "linear"])
+def test_unit_cube_round_trip(p_scale):
+    fleet = opt.make_fleet(2, 4, 12, seed=0)
+    dec = opt.FleetDecisions(fleet, p_scale=p_scale)
     x = torch.rand(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x[0], x[1] = 0.0, 1.0  # the cube's faces
     d = dec.from_unit(x)
     assert d["p"].shape == (6, 4) and d["pos"].shape == (6, 4, 2)
-    assert float(d["p"].min()) >= 0.02 and float(d["tx_dbm"].max()) <= 23.0
+    assert float(d["p"].min()) == pytest.approx(0.02) and float(d["p"].max()) == pytest.approx(0.98)
+    assert float(d["tx_dbm"].min()) == 0.0 and float(d["tx_dbm"].max()) == 23.0
     torch.testing.assert_close(dec.to_unit(d), x, atol=1e-6, rtol=0)
+    # the start (the gradient's path is the same on both scales) and back
+    x0 = dec.to_unit(dec(dec.init()))
+    torch.testing.assert_close(dec.from_unit(x0)["p"], torch.full((2, 4), 0.5), atol=1e-6, rtol=0)
+
+
+def test_unit_cube_maps_p_on_the_log_scale_and_the_power_linearly():
+    fleet = opt.make_fleet(1, 4, 12, seed=0)
+    log, lin = (opt.FleetDecisions(fleet, p_scale=s) for s in ("log", "linear"))
+    assert log.p_scale == "log" and opt.FleetDecisions(fleet).p_scale == "log"  # the default
+    mid = torch.full((1, 8), 0.5, dtype=torch.float64)
+    # the cube's midpoint: the geometric mean of the bounds on the log scale, the arithmetic on the linear
+    torch.testing.assert_close(log.from_unit(mid)["p"], torch.full((1, 4), math.sqrt(0.02 * 0.98)),
+                               atol=1e-6, rtol=0)
+    assert math.sqrt(0.02 * 0.98) == pytest.approx(0.14)
+    torch.testing.assert_close(lin.from_unit(mid)["p"], torch.full((1, 4), 0.5), atol=1e-6, rtol=0)
+    for d in (log, lin):  # the power is linear in dBm on both
+        torch.testing.assert_close(d.from_unit(mid)["tx_dbm"], torch.full((1, 4), 11.5), atol=1e-6, rtol=0)
+    # equal steps in the cube: equal ratios of p (49 ** (1 / 3) a third), equal differences on the linear
+    steps = torch.tensor([[0.0, 1 / 3, 2 / 3, 1.0] + [0.5] * 4], dtype=torch.float64)
+    p = log.from_unit(steps)["p"][0].double()
+    torch.testing.assert_close(p, torch.tensor([0.02, 0.02 * 49 ** (1 / 3), 0.02 * 49 ** (2 / 3), 0.98],
+                                               dtype=torch.float64), atol=0, rtol=1e-5)
+    torch.testing.assert_close(p[1:] / p[:-1], torch.full((3,), 49.0 ** (1 / 3), dtype=torch.float64),
+                               atol=0, rtol=1e-5)
+    q = lin.from_unit(steps)["p"][0].double()
+    torch.testing.assert_close(q[1:] - q[:-1], torch.full((3,), 0.32, dtype=torch.float64), atol=1e-6, rtol=0)
+    # the start of a 64-robot cell (p = 1 / 16): inside the cube on the log scale, at its face on the linear
+    start = {"p": torch.full((1, 4), 0.0625), "tx_dbm": torch.full((1, 4), 20.0)}
+    assert float(log.to_unit(start)[0, 0]) == pytest.approx(math.log(0.0625 / 0.02) / math.log(49.0))  # 0.293
+    assert float(lin.to_unit(start)[0, 0]) == pytest.approx((0.0625 - 0.02) / 0.96)  # 0.044
+    # p = 0 is a bound of the linear scale alone
+    assert opt.FleetDecisions(fleet, p_bounds=(0.0, 0.9), p_scale="linear").from_unit(mid)["p"][0, 0] == 0.45
 
 
 def test_cmaes_gives_each_cell_its_column():
@@ -129,10 +166,21 @@ def test_random_search_respects_and_counts_its_budget():
     fleet, dec = small(E=2, R=3)
     sc = QuadScorer(dec)
     res = opt.random_search(dec, sc, opt.Budget(rollouts=50), per_round=4)
-    assert res.info["candidates"] == 24 and res.rollouts == 48 == sc.rollouts  # 6 rounds of 8; a 7th overruns
-    assert [r["rollouts"] for r in res.trace] == [0, 8, 16, 24, 32, 40, 48, 48]
+    # the start scored (2 cells), then 6 rounds of 8 candidates; a 7th overruns
+    assert res.info["candidates"] == 24 and res.rollouts == 50 == sc.rollouts
+    assert [r["rollouts"] for r in res.trace] == [0, 10, 18, 26, 34, 42, 50, 50]
     best = [r["heldout_cost"] for r in res.trace]
     assert best == sorted(best, reverse=True)  # its pick, the best on the training sends, never gets worse
+
+
+def test_random_search_keeps_the_start_unless_a_candidate_beats_it():
+    fleet, dec = small(E=2, R=3)
+    sc = QuadScorer(dec)
+    x0 = dec.to_unit(dec(dec.init()))
+    sc.target = x0.clone()  # the start is the optimum: no candidate can beat it
+    res = opt.random_search(dec, sc, opt.Budget(rollouts=40), per_round=4)
+    torch.testing.assert_close(dec.to_unit(res.decisions), x0, atol=1e-6, rtol=0)
+    assert res.trace[-1]["heldout_cost"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_trace_rows_carry_the_cells_and_solution_at_slices_a_budget():
@@ -187,6 +235,48 @@ def test_gradient_stops_on_its_wall_budget_and_uses_no_level_rollouts():
     assert res.decisions["p"].shape == (2, 3) and not res.decisions["p"].requires_grad
 
 
+def test_proxy_cost_is_the_fleet_cost_of_the_expected_totals():
+    """Through a proxy, one class of weight 1: the cost is env_cost of the proxy KPIs reduced as the
+    engine's are (totals over totals), i.e. the opt_rates proxy cost, bit for bit."""
+    from isaac_net.core import CellConfig, kpi, radio
+    from isaac_net.optimise.gradient import proxy_cost
+
+    one = opt.RobotClass("all", 1.0, (2e3, 3e4), (20.0, 150.0), delivery_min=0.9)
+    fleet = opt.make_fleet(2, 4, 6, seed=3, classes=(one,))
+    dec = opt.FleetDecisions(fleet)(opt.FleetDecisions(fleet).init())
+
+    class Fixed:  # a stand-in proxy: known per-robot KPIs
+        def predict(self, p, msg_bytes, snr_db):
+            return {"delay": 1.0 + p, "delivery": torch.sigmoid(snr_db / 10), "aoi": 2.0 + msg_bytes / 1e4,
+                    "energy_j": 0.01 * p}
+
+    cfg = CellConfig()
+    cost = {**COST, "delivery_min": 0.9}
+    got = proxy_cost(lambda tot: opt.fleet_cost(tot, fleet, COST, kpi.PROXY_KPIS), Fixed(), cfg)(dec, 0.1)
+    k = Fixed().predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
+    totals = kpi.expected_totals(dec["p"], k, kpi.PROXY_KPIS)
+    want = opt.env_cost(kpi.batch_kpis(totals, dim=-1, kpis=kpi.PROXY_KPIS), cost)
+    assert torch.equal(got, want)
+
+
+def test_fit_proxy_spans_the_fleet_and_the_gradient_runs_through_it():
+    fleet, dec = small(E=2, R=4)
+    from isaac_net.core import CellConfig
+
+    rg = opt.proxy_ranges(dec, CellConfig(), load_max=3.0)
+    assert rg["p"] == (0.02, 0.75)  # load_max / R
+    assert rg["msg_bytes"] == (float(fleet.B.min()), float(fleet.B.max()))
+    assert rg["snr_db"][0] < rg["snr_db"][1]
+    proxy, info = opt.fit_proxy(dec, level="L1", robots=40, T=8, warmup=2, load_max=3.0, hidden=(8,),
+                                epochs=5, batch_size=16)
+    assert info["cells"] == 10 and info["test_cells"] == 2 and info["rollouts"] == 10
+    assert proxy.fitted_on["R"] == 4 and set(info["heldout"]) == {"delay", "delivery", "aoi", "energy_j"}
+    scorer = opt.Scorer(fleet, COST, T=8, warmup=2, level="L1")
+    res = opt.gradient(dec, scorer, opt.Budget(wall_s=60.0), proxy=proxy, iters=3, score_every=1)
+    assert res.name == "gradient, neural proxy" and res.info["iters"] == 3 and res.rollouts == 0
+    assert not torch.equal(res.decisions["p"], dec(dec.init())["p"])  # it moved
+
+
 def test_uniform_policy_is_the_best_of_its_grid():
     fleet, dec = small(E=2, R=3)
     scorer = opt.Scorer(fleet, COST, T=8, warmup=2, level="L1")
@@ -205,6 +295,8 @@ def test_uniform_policy_is_the_best_of_its_grid():
     (lambda: opt.RobotClass("x", 1.0, (1e3, 2e3), (1.0, 5.0), delivery_min=1.5), "x.delivery_min"),
     (lambda: opt.FleetDecisions(small()[0], p_bounds=(0.5, 0.2)), "p_bounds"),
     (lambda: opt.FleetDecisions(small()[0], tx_init_dbm=30.0), "tx_init_dbm"),
+    (lambda: opt.FleetDecisions(small()[0], p_scale="sqrt"), "p_scale: expected one of 'log', 'linear'"),
+    (lambda: opt.FleetDecisions(small()[0], p_bounds=(0.0, 0.9)), "p_bounds: expected lo > 0 with p_scale"),
     (lambda: opt.Budget(), "budget: expected wall_s or rollouts"),
     (lambda: opt.Budget(rollouts=0), "rollouts: expected a positive int"),
     (lambda: opt.Budget(wall_s=-1.0), "wall_s"),
@@ -213,6 +305,9 @@ def test_uniform_policy_is_the_best_of_its_grid():
      "methods: unknown"),
     (lambda: opt.cmaes(small()[1], None, opt.Budget(rollouts=1), sigma0=2.0), "sigma0"),
     (lambda: small()[1].from_unit(torch.zeros(3, 5)), r"x: expected \[n \* 3, 8\]"),
+    (lambda: opt.proxy_ranges(small()[1], None, load_max=0.0), "load_max: expected"),
+    (lambda: opt.proxy_ranges(small()[1], None, load_max=0.01), "load_max: 0.01 / R"),
+    (lambda: opt.fit_proxy(small()[1], test_share=1.0), "test_share: expected"),
     (lambda: opt.summarise({}, "uniform policy"), "baseline"),
 ])
 def test_bad_inputs_name_the_argument(call, match):
@@ -238,7 +333,9 @@ def test_example_runs_on_a_tiny_fleet(capsys):
     finally:
         sys.path.remove(str(REPO / "examples"))
     rows = optimise_fleet.main(cells=2, robots=4, steps=12, wall_s=1.0, iters=2, n_boot=50)
-    assert [r["method"] for r in rows] == ["uniform policy", "gradient, QAD relaxed, calibrated", "CMA-ES"]
+    assert [r["method"] for r in rows] == ["uniform policy", "gradient, QAD relaxed, calibrated",
+                                           "gradient, neural proxy", "CMA-ES"]
     assert all(math.isfinite(r["cost"]) for r in rows) and rows[0]["diff"] == 0.0
-    assert rows[1]["rollouts"] == 0 and rows[2]["rollouts"] > 0
-    assert "held-out cost on L2-legacy" in capsys.readouterr().out
+    assert rows[1]["rollouts"] == 0 and rows[2]["rollouts"] == 0 and rows[3]["rollouts"] > 0
+    out = capsys.readouterr().out
+    assert "held-out cost on L2-legacy" in out and "the proxy's own fit: 256 cell-rollouts" in out

@@ -201,6 +201,9 @@ FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval
              "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_max_s": 400,
              "p_init": 0.5, "p_init_ref_R": 8, "tx_init_dbm": 20.0, "hybrid_sigma0": 0.05,
              "random_per_round": 16,
+             "models": [{"mode": "L1", "sends": "relaxed"}, {"mode": "QA", "sends": "relaxed"},
+                        {"mode": "QA", "sends": "mean_field"}],
+             "choose_from": [{"mode": "QA", "sends": "relaxed"}, {"mode": "QA", "sends": "mean_field"}],
              "n_boot": 200, "gradient": {"iters": 60, "T": 16, "lr": 0.1, "tau_start": 0.2, "tau_end": 0.02},
              "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},
                       "penalty": 100.0},
@@ -219,8 +222,11 @@ def _fleet_result(name, trace, **info):
 
 
 def fleet_opt_jobs(R: int) -> tuple[dict, list]:
-    """The gradient job's payload and the black-box jobs' at fleet size ``R`` (t = 2 s, the
-    calibration 20 s; CMA-ES runs 10 t + 20 s where R is covered)."""
+    """The gradient job's payload (the proxy's job folded in) and the black-box jobs' at fleet size
+    ``R`` (t = 2 s, the calibration 20 s; CMA-ES runs 10 t + 20 s where R is covered)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
     start = [8.0, 8.2, 7.9, 8.1]
     grad = [3.0, 3.2, 2.9, 3.1]
 
@@ -229,17 +235,26 @@ def fleet_opt_jobs(R: int) -> tuple[dict, list]:
 
     gradients = {"gradient, L1D relaxed, calibrated": shift(0.5), "gradient, QAD relaxed, calibrated": grad,
                  "gradient, QAD mean-field, calibrated": shift(1.0)}
-    results = {n: _fleet_result(n, _fleet_trace((0.0, 0, start), (2.0, 0, c))) for n, c in gradients.items()}
+    # L1D (not a candidate) takes 5 s, the candidates 1 s each; the choice is charged both, t = 2 s.
+    results = {n: _fleet_result(n, _fleet_trace((0.0, 0, start), (5.0 if "L1D" in n else 1.0, 0, c)))
+               for n, c in gradients.items()}
     results["gradient (chosen model)"] = _fleet_result(
-        "gradient (chosen model)", _fleet_trace((0.0, 0, start), (1.0, 0, shift(1.5)), (2.0, 12, grad)))
+        "gradient (chosen model)", _fleet_trace((0.0, 0, start), (2.0, 12, grad)))
     uniform = [3.1, 3.0, 3.3, 3.0] if R == 8 else [6.0, 6.4, 5.9, 6.3]
     results["uniform policy"] = _fleet_result("uniform policy", _fleet_trace((0.0, 280, uniform)), p=0.3,
                                               tx_dbm=17.0)
     payload = {"R": R, "E": 4, "chosen": "gradient, QAD relaxed, calibrated", "t_grad_s": 2.0,
                "select_s": 0.1,
-               "select_rollouts": 12, "train_cost": {n: sum(c) / 4 for n, c in gradients.items()},
-               "calibration_cost": {"targets_s": 5.0, "fit_s": 15.0, "total_s": 20.0, "fit_per_size_s": {}},
+               "select_rollouts": 12,
+               "train_cost": {n: sum(c) / 4 for n, c in gradients.items() if "QAD" in n},
+               "calibration_cost": {"targets_s": 5.0, "fit_s": 15.0, "total_s": 20.0},
+               "model_calibration_cost": {n: {"total_s": 30.0 if "L1D" in n else 12.5} for n in gradients},
                "results": results}
+    # The neural proxy's job (0.5 s, its fit 3 s), folded in as the merge does.
+    px_trace = _fleet_trace((0.0, 0, start), (0.5, 0, shift(-0.5) if R == 8 else shift(4.0)))
+    proxy = {"R": R, "model": "proxy", "calibration_cost": {"total_s": 3.0, "kind": "proxy"},
+             "result": _fleet_result("gradient, neural proxy", px_trace)}
+    payload = fleet_opt.with_models(payload, [proxy])
     late = [2.0, 2.1, 1.9, 2.2] if R == 8 else [5.0, 5.3, 4.8, 5.1]
     boxes = [
         ("cmaes", "CMA-ES", 40.0 if R == 32 else 20.0,
@@ -606,8 +621,23 @@ def test_fleet_opt_merge_slices_the_traces_at_the_budgets_and_pairs_the_cells():
     sizes = {z["R"]: z for z in art["sizes"]}
     assert sizes[8]["uniform"]["method"] == "CMA-ES" and sizes[8]["uniform"]["clearly_worse"]
     assert sizes[32]["uniform"]["method"] == "hybrid (gradient + CMA-ES)"
-    assert [w["method"] for w in sizes[8]["winners"]] == ["gradient (chosen model)"] * 2 + ["CMA-ES"]
+    # the proxy (not a candidate) competes: at R = 8 it wins at 1 t and 3 t, CMA-ES at 10 t
+    assert [w["method"] for w in sizes[8]["winners"]] == ["gradient, neural proxy"] * 2 + ["CMA-ES"]
     assert art["targets"]["amortised"] == [{"R": 32, "met": True}] and art["targets"]["met"] is True
+    # Each model at its own wall time: L1D (5 s) against CMA-ES at 3 x 5 s (its 10 s row); its job
+    # (20 s) did not run 10 x 5 s.
+    l1 = next(m for m in sizes[8]["gradients"] if "L1D" in m["method"])
+    assert not l1["candidate"] and l1["calibration_s"] == 30.0
+    own = {(r["budget_factor"], r["baseline"]): r for r in l1["own_time"]}
+    assert own[3, "CMA-ES"]["covered"] and own[3, "CMA-ES"]["baseline_cost"] == pytest.approx(2.05)
+    assert own[3, "CMA-ES"]["diff"] == pytest.approx(1.5) and own[3, "CMA-ES"]["verdict"] == "worse"
+    assert not own[10, "CMA-ES"]["covered"] and "diff" not in own[10, "CMA-ES"]
+    # The proxy, its fit charged: 0.5 s + 3 s against CMA-ES at 3.5 s (its 2 s row, 5.05).
+    px = next(m for m in sizes[8]["gradients"] if m["method"] == "gradient, neural proxy")
+    assert px["proxy"] and px["cost"] == pytest.approx(2.55)
+    ch = {r["baseline"]: r for r in px["charged"]}
+    assert ch["CMA-ES"]["total_s"] == 3.5 and ch["CMA-ES"]["baseline_cost"] == pytest.approx(5.05)
+    assert ch["CMA-ES"]["diff"] == pytest.approx(-2.5) and ch["CMA-ES"]["verdict"] == "better"
 
 
 def test_fleet_opt_targets_are_unmeasured_without_their_size_and_unmet_when_a_baseline_wins():
@@ -620,6 +650,28 @@ def test_fleet_opt_targets_are_unmeasured_without_their_size_and_unmet_when_a_ba
     art = fleet_opt.merge_payload([jobs[0][0]], jobs[0][1], cfg)
     assert art["targets"]["amortised"] == [{"R": 8, "met": False}, {"R": 64, "met": None}]
     assert art["targets"]["met"] is None and art["targets"]["measured"] == 1
+    # A black-box job that ended before a budget has no solution there, not its last one.
+    grad, boxes = fleet_opt_jobs(8)
+    next(b for b in boxes if b["method"] == "tpe")["budget_s"] = 10.0
+    art = fleet_opt.merge_payload([grad], boxes, FLEET_CFG)
+    row = {(r["budget_factor"], r["method"]): r for r in art["table"]}
+    assert row[3, "TPE (Optuna)"]["ran"] and row[3, "TPE (Optuna)"]["cost"] == pytest.approx(8.05)
+    assert not row[10, "TPE (Optuna)"]["ran"] and row[10, "TPE (Optuna)"]["cost"] is None
+    assert not any(c["baseline"] == "TPE (Optuna)" and c["budget_factor"] == 10 for c in art["comparisons"])
+
+
+def test_fleet_opt_cmaes_covers_the_gradient_charged_in_full_where_asked():
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
+    grad = {"R": 32, "t_grad_s": 2.0, "calibration_cost": {"total_s": 50.0}}
+    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "tpe") == 20.0  # 10 t
+    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 52.0  # t + the calibration
+    grad["calibration_cost"]["total_s"] = 10.0
+    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 20.0  # 10 t covers it already
+    grad["calibration_cost"]["total_s"] = 900.0
+    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 402.0  # the cap, 400 s
+    assert fleet_opt.blackbox_budget(FLEET_CFG, {**grad, "R": 8}, "cmaes") == 20.0  # not a covered size
 
 
 def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
@@ -639,6 +691,15 @@ def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
     assert "R = 32: met. Charged in full" in fo and "All met." in fo
     assert "| uniform policy (p = 0.3, 17 dBm) | 6.15 | 6.15 | 6.15 |" in fo
     assert "clearly worse (the interval above zero)" in fo
+    assert "The gradient's wall time t = 2 s (the chosen QAD relaxed, calibrated)." in fo
+    assert ("- L1D relaxed, calibrated: t_m = 5 s, held-out cost 3.55, its calibration 30 s. CMA-ES: at 3 "
+            "t_m, 2.05; the model is **worse than** it (difference 1.5 [1.42, 1.55], better in 0 of the "
+            "cells).") in fo
+    assert "- QAD mean-field, calibrated (a candidate): t_m = 1 s" in fo
+    assert "the one of QAD relaxed, QAD mean-field whose solution costs least" in fo
+    assert ("- neural proxy: t_m = 0.5 s, held-out cost 2.55, its fit (the rollouts on L2-legacy and the "
+            "training) 3 s.") in fo
+    assert "With the fit charged, against CMA-ES given the same 3.5 s: better than it (difference -2.5" in fo
 
 
 def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):

@@ -147,8 +147,11 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
         k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]))
         curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
-    stage.write_json(out["json"], {"model": model, "calibrations": fc.to_dicts(), "forms": forms,
-                                   "sweep": curves, "wall_fit_s": wall_fit})
+    # A calibration file of its own (Calibration.load reads it): a study needing one model waits for
+    # that model's fit, not for every fit and the merge.
+    stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,
+                                   "calibrations": fc.to_dicts(), "forms": forms, "sweep": curves,
+                                   "wall_fit_s": wall_fit})
 
 
 def _row(c: dict) -> dict:

@@ -5,22 +5,23 @@ sizes, every solution scored on L2-legacy with held-out sends.
 Three parts, one per rule (``params.part``):
 
 * ``gradient-<R>`` (rule ``fleet_opt_gradient``): Adam through each calibrated model of ``models``
-  and the best uniform policy. The gradient used in the comparisons is the calibrated model whose
-  solution has the lowest training-sends cost on the level (one rollout of the cells per model,
-  charged: its time and rollouts are the gradient's). Its wall time, selection included, is the
-  budget unit ``t_grad`` of that fleet size. Also the calibration's own cost (the L2-legacy targets'
-  wall time and the chosen model's fit time, from the calibrate stage's files).
+  (each reported with its own wall time) and the best uniform policy. The gradient used in the
+  comparisons is the model of ``choose_from`` whose solution has the lowest training-sends cost on
+  the level (one rollout of the cells per candidate): it is charged every candidate's run and the
+  choice, and that sum is the budget unit ``t_grad`` of the fleet size. Also the calibration's own
+  cost (the L2-legacy targets' wall time and the candidates' fit times, from the calibrate stage).
 * ``blackbox-<R>-<method>`` (rule ``fleet_opt_blackbox``; cmaes, tpe, random, hybrid): one method on
   the level with the wall budget ``budget_factor x t_grad`` (CMA-ES at the sizes of
-  ``cover_calibration_R``: that plus the calibration's time, so that the comparison charged in full
-  is measured). The hybrid starts at the chosen gradient's solution, charged for it.
-* ``merge`` (rule ``fleet_opt``): the traces sliced at the budgets (``budgets`` x ``t_grad``),
-  the paired differences, the comparisons charged in full, the break-even, the uniform policy
-  against the best per-robot solution, the targets, and the figure.
+  ``cover_calibration_R``: at least ``t_grad`` plus the calibration's time, so that the gradient's
+  comparison charged in full is measured). The hybrid starts at the chosen gradient's solution,
+  charged for it.
+* ``merge`` (rule ``fleet_opt``): the traces sliced at the budgets (``budgets`` x ``t_grad``, and
+  x each model's own wall time), the paired differences, the comparisons charged in full, the
+  break-even, the uniform policy against the best per-robot solution, the targets, and the figure.
 
 At a budget, a method's solution is the one it stands at when the budget runs out, its own pick
 made without the held-out sends (``isaac_net.optimise.solution_at``): the same rule for every
-method.
+method; a black-box job that ended before a budget has no solution there ("not run that long").
 """
 
 import json
@@ -75,7 +76,9 @@ def problem(params: dict, R: int):
     # Every method starts at the same point: p_init at p_init_ref_R robots per cell, scaled to R (the
     # same offered load per cell at every size; a fixed p would start a 64-robot cell deep in overload).
     p0 = min(float(params["p_init"]) * int(params["p_init_ref_R"]) / int(R), float(params["p_init"]))
-    return fleet, opt.FleetDecisions(fleet, p_init=p0, tx_init_dbm=float(params["tx_init_dbm"])), scorer, cfg
+    dec = opt.FleetDecisions(fleet, p_init=p0, tx_init_dbm=float(params["tx_init_dbm"]),
+                             p_scale=params.get("p_scale", "log"))
+    return fleet, dec, scorer, cfg
 
 
 def model_name(m: dict) -> str:
@@ -94,82 +97,116 @@ def dump(res) -> dict:
     }
 
 
-def calibration_cost(targets: list, fits: list, model: str) -> dict:
+def calibration_cost(targets: list, fits: list, models: list) -> dict:
     """The calibration's wall time, s: its L2-legacy targets (train and held-out points, every fleet
-    size; the load sweep is the figure's, not counted) and the fit of ``model`` (``<mode>_<sends>``,
-    every size by continuation)."""
+    size; the load sweep is the figure's, not counted) and the fits of ``models`` (``<mode>_<sends>``,
+    every size by continuation; None where a fit is not recorded)."""
     t = [json.loads(open(p).read()) for p in targets]
     targets_s = sum(d["provenance"]["wall_s"] for d in t if d.get("part") in ("train", "heldout"))
-    fit = {json.loads(open(p).read())["model"]: json.loads(open(p).read()) for p in fits}
-    fit_s = float(fit[model]["wall_fit_s"]) if model in fit else None
-    per_size = (
-        {c["R"][0]: c["setup"].get("wall_fit_s") for c in fit[model]["calibrations"]} if model in fit else {}
-    )
+    fit = {d["model"]: d for d in (json.loads(open(p).read()) for p in fits)}
+    found = [fit[m] for m in models if m in fit]
+    fit_s = sum(float(d["wall_fit_s"]) for d in found) if len(found) == len(models) else None
     return {
         "targets_s": targets_s,
         "fit_s": fit_s,
         "total_s": None if fit_s is None else targets_s + fit_s,
-        "fit_per_size_s": per_size,
+        "models": list(models),
     }
 
 
-def gradient_part(stage, params: dict, out: dict, R: int) -> None:
-    """The calibrated gradients and the uniform policy at fleet size ``R``; the chosen gradient."""
+def _model_key(m: dict) -> str:
+    return f"{m['mode']}_{m['sends']}"
+
+
+def _fit_file(out: dict, key: str) -> str:
+    """The calibrate stage's fit file of model ``key`` (``<mode>_<sends>``) among ``out["fits"]``."""
+    fits = [out["fits"]] if isinstance(out["fits"], str) else list(out["fits"])
+    match = [p for p in fits if p.rsplit("/", 1)[-1] == f"fit_{key}.json"]
+    if len(match) != 1:
+        raise ValueError(f"fits: expected one fit_{key}.json, got {fits}")
+    return match[0]
+
+
+def _gradient(scorer, dec, cfg, params: dict, m: dict, out: dict):
+    """Adam through the calibrated model ``m`` (``{mode, sends}``; its fit file among ``out["fits"]``)."""
     from isaac_net import optimise as opt
     from isaac_net.core.diff.calibrate import Calibration
 
-    fleet, dec, scorer, cfg = problem(params, R)
     g = params["gradient"]
-    runs, train = {}, {}
-    for m in params["models"]:
-        cal = Calibration.load(out["calibration"], mode=m["mode"], sends=m["sends"])
-        res = opt.gradient(
-            dec,
-            scorer,
-            opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))),
-            calibration=cal,
-            cfg=cfg,
-            iters=int(g["iters"]),
-            lr=float(g["lr"]),
-            T=int(g["T"]),
-            warmup=int(g["warmup"]),
-            tau_start=float(g["tau_start"]),
-            tau_end=float(g["tau_end"]),
-            lam=float(g["lam"]),
-            score_every=int(g["score_every"]),
-            seed=int(params["seed"]),
-            name=model_name(m),
-        )
+    cal = Calibration.load(_fit_file(out, _model_key(m)), mode=m["mode"], sends=m["sends"])
+    res = opt.gradient(
+        dec,
+        scorer,
+        opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))),
+        calibration=cal,
+        cfg=cfg,
+        iters=int(g["iters"]),
+        lr=float(g["lr"]),
+        T=int(g["T"]),
+        warmup=int(g["warmup"]),
+        tau_start=float(g["tau_start"]),
+        tau_end=float(g["tau_end"]),
+        lam=float(g["lam"]),
+        score_every=int(g["score_every"]),
+        seed=int(params["seed"]),
+        name=model_name(m),
+        compile=bool(g.get("compile", False)),
+    )
+    print(f"[fleet_opt] R = {dec.fleet.R}: {res.name} {res.wall_s:.1f} s, "
+          f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
+    return res
+
+
+def candidates(params: dict) -> list:
+    """The models the comparisons' gradient is chosen among (``choose_from``, default every model)."""
+    keys = [_model_key(m) for m in params["models"]]
+    pool = params.get("choose_from", params["models"])
+    if not pool or not {_model_key(m) for m in pool} <= set(keys):
+        raise ValueError(f"choose_from: expected a non-empty subset of models {keys}, got {pool}")
+    return list(pool)
+
+
+def gradient_part(stage, params: dict, out: dict, R: int) -> None:
+    """The candidate gradients, the chosen one and the uniform policy at fleet size ``R``.
+
+    The gradient of the comparisons is chosen among ``choose_from`` (by the solutions' training-
+    sends cost on the level), so it is charged all of their runs and the choice: its wall time
+    ``t_grad`` is their sum, and its trace has two rows, the start and the chosen solution at
+    ``t_grad`` (before every candidate ran, none of them is the chosen one). The other models run
+    in their own jobs (:func:`model_part`)."""
+    from isaac_net import optimise as opt
+
+    fleet, dec, scorer, cfg = problem(params, R)
+    pool = candidates(params)
+    runs = {}
+    for m in pool:
+        res = _gradient(scorer, dec, cfg, params, m, out)
         runs[res.name] = (m, res)
-        print(
-            f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s, "
-            f"held-out {float(res.heldout_cost.mean()):.3f}",
-            flush=True,
-        )
-    # The choice among the models, on the training sends (what the black-box methods see), charged.
+    # The choice among the candidates, on the training sends (what the black-box methods see), charged.
     r0, t0 = scorer.rollouts, time.perf_counter()
-    for name, (_, res) in runs.items():
-        train[name] = float(scorer.train(res.decisions).mean())
+    train = {name: float(scorer.train(res.decisions).mean()) for name, (_, res) in runs.items()}
     select_s, select_rollouts = time.perf_counter() - t0, scorer.rollouts - r0
     chosen = min(train, key=train.get)
     m, res = runs[chosen]
-    t_grad = res.wall_s + select_s
-    # The chosen gradient's trace, its last row charged for the choice.
-    trace = [dict(r) for r in res.trace]
-    trace[-1].update(wall_s=t_grad, rollouts=select_rollouts)
+    t_grad = sum(r.wall_s for _, r in runs.values()) + select_s
+    trace = [dict(res.trace[0]), {**res.trace[-1], "wall_s": t_grad, "rollouts": select_rollouts}]
     uniform = opt.uniform_policy(dec, scorer, grid=params.get("uniform"))
-    cal = calibration_cost(out["targets"], out["fits"], f"{m['mode']}_{m['sends']}")
     payload = {
         "R": int(R),
         "E": fleet.E,
         "chosen": chosen,
         "chosen_model": m,
+        "choose_from": list(runs),
         "t_grad_s": t_grad,
         "select_s": select_s,
         "select_rollouts": select_rollouts,
         "train_cost": train,
         "x_chosen": dec.to_unit(res.decisions).tolist(),
-        "calibration_cost": cal,
+        "p_scale": dec.p_scale,  # the cube x_chosen is on (the hybrid reads it back)
+        "calibration_cost": calibration_cost(out["targets"], out["fits"], [_model_key(mm) for mm in pool]),
+        "model_calibration_cost": {
+            n: calibration_cost(out["targets"], out["fits"], [_model_key(mm)]) for n, (mm, _) in runs.items()
+        },
         "results": {name: dump(r) for name, (_, r) in runs.items()}
         | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
         | {UNIFORM: dump(uniform)},
@@ -177,14 +214,54 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     stage.write_json(out["json"], payload)
 
 
+PROXY = "proxy"  # the model job of the neural proxy (fleet_opt.proxy), fitted in the job
+
+
+def proxy_part(stage, params: dict, out: dict, R: int) -> None:
+    """The neural proxy at fleet size ``R``: fitted on the level over the fleet's ranges
+    (``isaac_net.optimise.fit_proxy``, its rollouts and wall time its own cost, as a calibration's),
+    then Adam through it (the gradient settings' ``iters``, ``lr``, ``score_every``)."""
+    from isaac_net import optimise as opt
+
+    pp, g = params["proxy"], params["gradient"]
+    _, dec, scorer, cfg = problem(params, R)
+    proxy, info = opt.fit_proxy(
+        dec, level=params["level"], cfg=cfg, robots=int(pp["robots"]), test_share=float(pp["test_share"]),
+        T=int(pp["T"]), warmup=int(pp["warmup"]), load_max=float(pp["load_max"]), hidden=pp["hidden"],
+        epochs=int(pp["epochs"]), lr=float(pp["lr"]), batch_size=int(pp["batch_size"]),
+        seed=int(params["seed"]), batch_cells=pp.get("batch_cells"))
+    res = opt.gradient(dec, scorer, opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))), proxy=proxy, cfg=cfg,
+                       iters=int(g["iters"]), lr=float(g["lr"]), score_every=int(g["score_every"]),
+                       seed=int(params["seed"]))
+    print(f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s (fit {info['wall_s']:.1f} s), "
+          f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
+    cal = {"targets_s": None, "fit_s": info["wall_s"], "total_s": info["wall_s"], "models": [PROXY],
+           "rollouts": info["rollouts"], "kind": "proxy"}
+    stage.write_json(out["json"], {"R": int(R), "model": PROXY, "result": dump(res), "calibration_cost": cal,
+                                   "proxy": info})
+
+
+def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
+    """One calibrated model outside the candidates (``<mode>_<sends>``) at fleet size ``R``, at its
+    own wall time."""
+    match = [m for m in params["models"] if _model_key(m) == key]
+    if len(match) != 1 or match[0] in candidates(params):
+        raise ValueError(f"model: expected one of models outside choose_from, got {key!r}")
+    _, dec, scorer, cfg = problem(params, R)
+    res = _gradient(scorer, dec, cfg, params, match[0], out)
+    cal = calibration_cost(out["targets"], [out["fits"]], [key])
+    stage.write_json(out["json"], {"R": int(R), "model": key, "result": dump(res), "calibration_cost": cal})
+
+
 def blackbox_budget(params: dict, grad: dict, method: str) -> float:
     """The wall budget of ``method`` at the gradient job's fleet size, s."""
     budget = float(params["budget_factor"]) * grad["t_grad_s"]
     cal = grad["calibration_cost"]["total_s"]
     if method == "cmaes" and grad["R"] in params.get("cover_calibration_R", []) and cal is not None:
-        # the hybrid's budget plus the calibration (both comparisons charged in full), up to a cap
-        # that keeps the profile's length bounded (beyond it the comparison reads "not measured")
-        budget += min(cal, float(params["cover_calibration_max_s"]))
+        # at least the gradient's time plus the calibration's (the comparison charged in full), the
+        # calibration's part up to a cap that keeps the profile's length bounded (beyond it the
+        # comparison reads "not measured")
+        budget = max(budget, grad["t_grad_s"] + min(cal, float(params["cover_calibration_max_s"])))
     return budget
 
 
@@ -222,6 +299,10 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
             per_round=int(params["random_per_round"]),
         )
     else:
+        if grad.get("p_scale") != dec.p_scale:
+            raise ValueError(
+                f"gradient: x_chosen is on p_scale {grad.get('p_scale')!r}, this job's is {dec.p_scale!r}"
+            )
         g = grad["results"][GRADIENT]
         start = Result(
             grad["chosen"],
@@ -290,16 +371,23 @@ def break_even(trace: list, cost: float, after_s: float) -> float | None:
     return None
 
 
-def _at_budgets(results: dict, params: dict, R: int, t_grad: float) -> tuple[list, list]:
+def _covered(at: dict, ends: dict, budget: float) -> dict:
+    """``at`` without the methods whose job ended before ``budget`` (a finished gradient's solution
+    stays its solution; a black-box job's is only known as far as it ran)."""
+    return {n: (None if n in ends and budget > ends[n] * (1 + 1e-9) else row) for n, row in at.items()}
+
+
+def _at_budgets(results: dict, ends: dict, params: dict, R: int, t_grad: float) -> tuple[list, list]:
     """Each method's solution at each budget (rows) and the paired comparisons of the challengers
     against the baselines there (calibration amortised)."""
     n_boot, seed = int(params["n_boot"]), int(params["seed"])
     rows, comps = [], []
     for factor in params["budgets"]:
         budget = float(factor) * t_grad
-        at = {n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}
+        at = _covered({n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}, ends, budget)
         for name, row in at.items():
             rows.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": name,
+                         "ran": name not in ends or budget <= ends[name] * (1 + 1e-9),
                          "cost": None if row is None else row["heldout_cost"],
                          "wall_s": None if row is None else row["wall_s"],
                          "rollouts": None if row is None else row["rollouts"]})
@@ -311,6 +399,47 @@ def _at_budgets(results: dict, params: dict, R: int, t_grad: float) -> tuple[lis
                               "baseline": base, "charged": False,
                               **paired(at[ch]["heldout_cells"], at[base]["heldout_cells"], n_boot, seed)})
     return rows, comps
+
+
+def _own_time(results: dict, ends: dict, params: dict, name: str) -> list:
+    """One calibrated model's solution against each baseline at ``budgets`` x the model's own wall
+    time (what a user who runs only this model pays); ``covered`` False where the baseline's job
+    ended before."""
+    n_boot, seed = int(params["n_boot"]), int(params["seed"])
+    res, out = results[name], []
+    for factor in params["budgets"]:
+        budget = float(factor) * res["wall_s"]
+        for base in BASELINES:
+            if base not in results:
+                continue
+            row = {"budget_factor": factor, "budget_s": budget, "baseline": base,
+                   "covered": budget <= ends[base]}
+            if row["covered"]:
+                b = _at(results[base]["trace"], budget)
+                row |= {"baseline_cost": b["heldout_cost"], **paired(res["heldout_cells"], b["heldout_cells"],
+                                                                       n_boot, seed)}
+            out.append(row)
+    return out
+
+
+def _own_charged(results: dict, ends: dict, params: dict, name: str, cal) -> list:
+    """One model's solution plus its calibration (or proxy fit) against each baseline given that
+    total wall time (``covered`` False where the baseline's job ended before)."""
+    n_boot, seed = int(params["n_boot"]), int(params["seed"])
+    res, out = results[name], []
+    if cal is None:
+        return out
+    total = res["wall_s"] + cal
+    for base in BASELINES:
+        if base not in results:
+            continue
+        row = {"baseline": base, "total_s": total, "covered": total <= ends[base]}
+        if row["covered"]:
+            b = _at(results[base]["trace"], total)
+            row |= {"baseline_cost": b["heldout_cost"], **paired(res["heldout_cells"], b["heldout_cells"],
+                                                                   n_boot, seed)}
+        out.append(row)
+    return out
 
 
 def _charged(results: dict, ends: dict, params: dict, R: int, t_grad: float, cal) -> list:
@@ -381,10 +510,10 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
     results = {**grad["results"], **{b["result"]["name"]: b["result"] for b in boxes.values()}}
     ends = {b["result"]["name"]: b["budget_s"] for b in boxes.values()}
     cal = grad["calibration_cost"]["total_s"]
-    rows, comps = _at_budgets(results, params, R, t_grad)
-    # Who wins: the methods compared (each calibrated model's own run is shown, not ranked: the
-    # gradient is the one chosen on the training sends).
-    ranked = [r for r in rows if r["cost"] is not None and not r["method"].startswith("gradient, ")]
+    rows, comps = _at_budgets(results, ends, params, R, t_grad)
+    # Who wins: the methods compared (the candidates' own runs are shown, not ranked: the gradient
+    # is the one chosen among them on the training sends; the other models and the proxy compete).
+    ranked = [r for r in rows if r["cost"] is not None and r["method"] not in grad["train_cost"]]
     winners = [min((r for r in ranked if r["budget_factor"] == f), key=lambda r: r["cost"])
                for f in params["budgets"]]
     size = {
@@ -392,12 +521,19 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
         "select_rollouts": grad["select_rollouts"],
         "calibration_targets_s": grad["calibration_cost"]["targets_s"],
         "calibration_fit_s": grad["calibration_cost"]["fit_s"], "calibration_s": cal,
-        "gradients": [{"method": n, "wall_s": results[n]["wall_s"], "train_cost": c,
-                       "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"]))}
-                      for n, c in grad["train_cost"].items()],
+        "gradients": [{"method": n, "wall_s": results[n]["wall_s"], "train_cost": grad["train_cost"].get(n),
+                       "candidate": n in grad["train_cost"],
+                       "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"])),
+                       "calibration_s": grad["model_calibration_cost"][n]["total_s"],
+                       "proxy": grad["model_calibration_cost"][n].get("kind") == "proxy",
+                       "own_time": _own_time(results, ends, params, n),
+                       "charged": _own_charged(results, ends, params, n,
+                                               grad["model_calibration_cost"][n]["total_s"])}
+                      for n in grad["model_calibration_cost"]],
         "budgets_s": [{"method": m, "budget_s": ends[m]} for m in ends], "winners": winners,
         "uniform": _uniform_vs_best(results, ranked, params, R),
-        "by_method": [{"method": n, "costs": [r["cost"] for r in rows if r["method"] == n]}
+        "by_method": [{"method": n, "costs": [r["cost"] for r in rows if r["method"] == n],
+                       "ran": [r["ran"] for r in rows if r["method"] == n]}
                       for n in results if n != UNIFORM]}
     traces = {n: [{k: v for k, v in row.items() if k != "heldout_cells"} for row in r["trace"]]
               for n, r in results.items() if n != UNIFORM}
@@ -483,6 +619,7 @@ def merge_payload(grads: list, boxes: list, params: dict) -> dict:
     ]
     return {
         "summary": summary,
+        "baselines": list(BASELINES),
         "classes": classes,
         "table": rows,
         "comparisons": comps,
@@ -494,8 +631,20 @@ def merge_payload(grads: list, boxes: list, params: dict) -> dict:
     }
 
 
+def with_models(grad: dict, models: list) -> dict:
+    """The gradient job's payload with the model jobs' results of its fleet size added."""
+    grad = {**grad, "results": dict(grad["results"]),
+            "model_calibration_cost": dict(grad["model_calibration_cost"])}
+    for m in models:
+        if m["R"] == grad["R"]:
+            grad["results"][m["result"]["name"]] = m["result"]
+            grad["model_calibration_cost"][m["result"]["name"]] = m["calibration_cost"]
+    return grad
+
+
 def merge(stage, params: dict, out: dict) -> None:
-    grads = [json.loads(open(p).read()) for p in out["gradient"]]
+    models = [json.loads(open(p).read()) for p in out.get("models", [])]
+    grads = [with_models(json.loads(open(p).read()), models) for p in out["gradient"]]
     boxes = [json.loads(open(p).read()) for p in out["blackbox"]]
     payload = merge_payload(grads, boxes, params)
     if "figure" in out:
@@ -515,12 +664,19 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     kind, *rest = (part or "").split("-")
     if kind == "gradient" and len(rest) == 1 and rest[0].isdigit():
         gradient_part(stage, params, out, int(rest[0]))
+    elif kind == "model" and len(rest) == 2 and rest[0].isdigit() and rest[1] == PROXY:
+        proxy_part(stage, params, out, int(rest[0]))
+    elif kind == "model" and len(rest) == 2 and rest[0].isdigit():
+        model_part(stage, params, out, int(rest[0]), rest[1])
     elif kind == "blackbox" and len(rest) == 2 and rest[0].isdigit():
         blackbox_part(stage, params, out, int(rest[0]), rest[1])
     elif kind == "merge" and not rest:
         merge(stage, params, out)
     else:
-        raise ValueError(f"part: expected gradient-<R>, blackbox-<R>-<method> or merge, got {part!r}")
+        raise ValueError(
+            "part: expected gradient-<R>, model-<R>-<mode>_<sends>, blackbox-<R>-<method> or merge, "
+            f"got {part!r}"
+        )
 
 
 if __name__ == "__main__":

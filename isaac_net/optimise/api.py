@@ -10,14 +10,14 @@ from isaac_net.optimise.fleet import FleetDecisions
 from isaac_net.optimise.score import Budget, Scorer
 
 #: The methods :func:`optimise_fleet` runs, by name.
-METHODS = ("uniform", "random", "gradient", "cmaes", "tpe", "hybrid")
+METHODS = ("uniform", "random", "gradient", "proxy", "cmaes", "tpe", "hybrid")
 #: The default cost: weights of the KPIs and the penalty per unit of delivery shortfall.
 DEFAULT_COST = {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0}, "penalty": 100.0}
 
 
 def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "cmaes"), cost=None,
                    budget: Budget, T_eval: int = 60, warmup_eval: int = 10, gradient_kwargs=None,
-                   seed: int = 0, level_kwargs=None) -> dict:
+                   seed: int = 0, level_kwargs=None, proxy_kwargs=None) -> dict:
     """Run ``methods`` (of :data:`METHODS`) on ``fleet`` and return ``{name: Result}``.
 
     :param calibration: the :class:`~isaac_net.core.diff.calibrate.Calibration` the gradient runs
@@ -27,6 +27,10 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
         The hybrid spends the same budget, the gradient's share included.
     :param T_eval, warmup_eval: steps of every packet-level rollout (training and held out).
     :param level_kwargs: more arguments of the level's engine (e.g. ``cfg``, ``backend``).
+    :param proxy_kwargs: arguments of :func:`~isaac_net.optimise.fit_proxy` for ``"proxy"``: a neural
+        proxy fitted on the level for this fleet (its wall time and rollouts in the result's
+        ``info["fit"]``, not in its ``wall_s``), then Adam through it (``gradient_kwargs``' ``iters``,
+        ``lr`` and ``score_every``).
     """
     unknown = [x for x in methods if x not in METHODS]
     if unknown:
@@ -47,6 +51,8 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
             grad = m.gradient(decisions, scorer, budget, calibration=calibration, seed=seed,
                               **(gradient_kwargs or {}))
             r = grad
+        elif name == "proxy":
+            r = _proxy(decisions, scorer, budget, seed, gradient_kwargs or {}, proxy_kwargs or {})
         if name == "cmaes":
             r = m.cmaes(decisions, scorer, budget, seed=seed)
         elif name == "tpe":
@@ -55,6 +61,19 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
             r = m.hybrid(decisions, scorer, budget, grad, seed=seed)
         out[r.name] = r
     return out
+
+
+def _proxy(decisions, scorer: Scorer, budget: Budget, seed: int, gradient_kwargs: dict,
+           proxy_kwargs: dict) -> m.Result:
+    """A proxy fitted on the scorer's level and cell for ``decisions``' fleet, then Adam through it."""
+    from isaac_net.optimise.surrogate import fit_proxy
+
+    cfg = scorer.cfg
+    proxy, info = fit_proxy(decisions, level=scorer.level, cfg=cfg, seed=seed, **proxy_kwargs)
+    keep = {k: gradient_kwargs[k] for k in ("iters", "lr", "score_every") if k in gradient_kwargs}
+    r = m.gradient(decisions, scorer, budget, proxy=proxy, cfg=cfg, seed=seed, **keep)
+    r.info["fit"] = {k: v for k, v in info.items() if k != "heldout"}
+    return r
 
 
 def summarise(results: dict, baseline: str, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:

@@ -24,10 +24,10 @@ from isaac_net.core import kpi
 KPIS = kpi.BATCH_KEYS
 
 
-def env_kpis(res: dict) -> dict:
+def env_kpis(res: dict, kpis: tuple = kpi.KPIS) -> dict:
     """Per-cell KPIs ``{batch_key: [E]}`` from a rollout's per-robot totals ``res`` (``[E, R]``; the
-    KPI registry's batch reductions)."""
-    return kpi.grouped_batch_kpis(res, res["offered"].shape[0])
+    KPI registry's batch reductions of the entries ``kpis``, default all)."""
+    return kpi.grouped_batch_kpis(res, res["offered"].shape[0], kpis=kpis)
 
 
 def env_cost(k: dict, c: dict) -> torch.Tensor:
@@ -39,28 +39,30 @@ def env_cost(k: dict, c: dict) -> torch.Tensor:
             + w["mean_energy_j"] * k["mean_energy_j"] + float(c["penalty"]) * shortfall)
 
 
-def fleet_cost(res: dict, fleet, cost: dict) -> torch.Tensor:
+def fleet_cost(res: dict, fleet, cost: dict, kpis: tuple = kpi.KPIS) -> torch.Tensor:
     """The cost ``[E]`` of a heterogeneous fleet: the sum over robot classes of the class weight
     times :func:`env_cost` of the class's robots with the class's ``delivery_min``.
 
     :input res: a rollout's per-robot result, ``[E, R]`` per key, robots in ``fleet``'s order.
     :param fleet: the :class:`~isaac_net.optimise.fleet.Fleet` (its ``class_slices``).
     :param cost: ``weights`` and ``penalty`` as :func:`env_cost` (``delivery_min`` is per class).
+    :param kpis: the registry entries ``res`` holds totals of (the proxy's: ``kpi.PROXY_KPIS``).
     With one class of weight 1 this is :func:`env_cost` of :func:`env_kpis`, bit for bit.
     """
     total = None
     for cls, sl in zip(fleet.classes, fleet.class_slices, strict=True):
         part = {n: v[:, sl] for n, v in res.items() if isinstance(v, torch.Tensor) and v.ndim == 2}
         c = {"weights": cost["weights"], "penalty": cost["penalty"], "delivery_min": cls.delivery_min}
-        term = cls.weight * env_cost(env_kpis(part), c)
+        term = cls.weight * env_cost(env_kpis(part, kpis), c)
         total = term if total is None else total + term
     return total
 
 
-def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
-    """Per-cell KPIs ``{batch_key: [E]}`` (on the CPU, float64) of decisions ``dec`` (``p, B, pos,
-    tx_dbm``, each ``[E, R]`` or ``[E, R, 2]``) on a discrete level with send uniforms ``u``
-    ``[T, E, R]``; cells in chunks of ``chunk`` (default all in one rollout)."""
+def chunked_rollouts(level, T, warmup, dec, u, reduce, *, cfg, seed, dtype, chunk=None,
+                     **engine_kwargs) -> list:
+    """``reduce(result)`` of rollouts of decisions ``dec`` (``p, B, pos, tx_dbm``, each ``[E, R]`` or
+    ``[E, R, 2]``) on a discrete level with send uniforms ``u`` ``[>= T, E, R]``, the cells in chunks
+    of ``chunk`` (default all in one rollout): one entry per chunk, in cell order."""
     from isaac_net.core.diff.reference import discrete_rollout
 
     E = dec["p"].shape[0]
@@ -69,9 +71,17 @@ def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) ->
     for s in range(0, E, chunk):
         sl = slice(s, s + chunk)
         res = discrete_rollout(level, T, dec["p"][sl], dec["B"][sl], pos=dec["pos"][sl],
-                               tx_dbm=dec["tx_dbm"][sl], warmup=warmup, u=u[:, sl], cfg=cfg, dtype=dtype,
-                               seed=seed, device=dec["p"].device)
-        parts.append(env_kpis(res))
+                               tx_dbm=dec["tx_dbm"][sl], warmup=warmup, u=u[:T, sl], cfg=cfg, dtype=dtype,
+                               seed=seed, device=dec["p"].device, **engine_kwargs)
+        parts.append(reduce(res))
+    return parts
+
+
+def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) -> dict:
+    """Per-cell KPIs ``{batch_key: [E]}`` (on the CPU, float64) of decisions ``dec`` (``p, B, pos,
+    tx_dbm``, each ``[E, R]`` or ``[E, R, 2]``) on a discrete level with send uniforms ``u``
+    ``[T, E, R]``; cells in chunks of ``chunk`` (default all in one rollout)."""
+    parts = chunked_rollouts(level, T, warmup, dec, u, env_kpis, cfg=cfg, seed=seed, dtype=dtype, chunk=chunk)
     return {k: torch.cat([p[k] for p in parts]).cpu().double() for k in KPIS}
 
 

@@ -146,20 +146,41 @@ class FleetDecisions:
     candidate ``j`` of cell ``e``; ``p`` in the first ``R`` columns, the power in the last ``R``),
     ``sample(n, gen)`` and ``uniform(policies)``.
 
-    :param p_bounds: ``(lo, hi)`` send probability per control step, in [0, 1].
+    The unit cube's coordinate of ``p`` is set by ``p_scale``: ``"log"`` (the default),
+    ``x = (ln p - ln lo) / (ln hi - ln lo)``, or ``"linear"``, ``x = (p - lo) / (hi - lo)``; the
+    power's is linear in dBm (already a log quantity). Why log: a send probability spans orders of
+    magnitude (a good ``p`` scales about as ``1 / R`` with the robots of a cell), and on the log
+    scale equal steps in the cube are equal factors of ``p``, so a black-box method's default step
+    (CMA-ES's ``sigma0``, random search's and TPE's uniform draws) is as sensible at 64 robots a
+    cell as at 8; on the linear scale a 64-robot cell's start (``p`` ~ 0.06) sits at the cube's
+    lower face and almost all of the cube overloads it. The gradient's path (``init``,
+    ``__call__``: ``p`` sigmoid-bounded in ``p_bounds``) does not depend on ``p_scale``.
+
+    :param p_bounds: ``(lo, hi)`` send probability per control step, in [0, 1] (``lo > 0`` with
+        ``p_scale="log"``).
     :param tx_bounds_dbm: ``(lo, hi)`` transmit power, dBm.
     :param p_init, tx_init_dbm: the start, the same for every robot (strictly inside the bounds).
+    :param p_scale: ``"log"`` or ``"linear"``: how the unit cube maps to ``p`` (above).
     """
 
+    #: The scales of ``p`` on the unit cube (``p_scale``).
+    P_SCALES = ("log", "linear")
+
     def __init__(self, fleet: Fleet, *, p_bounds=(0.02, 0.98), tx_bounds_dbm=(0.0, 23.0),
-                 p_init: float = 0.5, tx_init_dbm: float = 20.0):
+                 p_init: float = 0.5, tx_init_dbm: float = 20.0, p_scale: str = "log"):
         if not isinstance(fleet, Fleet):
             raise TypeError(f"fleet: expected a Fleet, got {type(fleet).__name__}")
+        if p_scale not in self.P_SCALES:
+            raise ValueError(f"p_scale: expected one of {', '.join(map(repr, self.P_SCALES))}, "
+                             f"got {p_scale!r}")
         self.fleet = fleet
+        self.p_scale = p_scale
         self.p_bounds = _pair(p_bounds, "p_bounds")
         self.tx_bounds_dbm = _pair(tx_bounds_dbm, "tx_bounds_dbm")
         if not 0.0 <= self.p_bounds[0] < self.p_bounds[1] <= 1.0:
             raise ValueError(f"p_bounds: expected 0 <= lo < hi <= 1, got {self.p_bounds}")
+        if p_scale == "log" and self.p_bounds[0] <= 0.0:
+            raise ValueError(f"p_bounds: expected lo > 0 with p_scale='log', got {self.p_bounds}")
         if not self.tx_bounds_dbm[0] < self.tx_bounds_dbm[1]:
             raise ValueError(f"tx_bounds_dbm: expected lo < hi, got {self.tx_bounds_dbm}")
         for name, v, (lo, hi) in (("p_init", p_init, self.p_bounds),
@@ -190,17 +211,29 @@ class FleetDecisions:
             raise ValueError(f"x: expected [n * {f.E}, {2 * f.R}], got {list(x.shape)}")
         n = x.shape[0] // f.E
         (p_lo, p_hi), (t_lo, t_hi) = self.p_bounds, self.tx_bounds_dbm
-        return {"p": p_lo + (p_hi - p_lo) * x[:, :f.R], "tx_dbm": t_lo + (t_hi - t_lo) * x[:, f.R:],
+        xp = x[:, :f.R]
+        if self.p_scale == "log":
+            p = torch.exp(math.log(p_lo) + (math.log(p_hi) - math.log(p_lo)) * xp).clamp(p_lo, p_hi)
+        else:
+            p = p_lo + (p_hi - p_lo) * xp
+        return {"p": p, "tx_dbm": t_lo + (t_hi - t_lo) * x[:, f.R:],
                 "B": f.B.repeat(n, 1), "pos": f.pos.repeat(n, 1, 1)}
 
     def to_unit(self, dec: dict) -> torch.Tensor:
-        """The unit-cube point ``[n E, 2 R]`` (float64, CPU) of decisions ``dec``."""
+        """The unit-cube point ``[n E, 2 R]`` (float64, CPU) of decisions ``dec`` (the inverse of
+        :meth:`from_unit`; ``p`` and the power clipped to their bounds)."""
         (p_lo, p_hi), (t_lo, t_hi) = self.p_bounds, self.tx_bounds_dbm
-        x = torch.cat([(dec["p"] - p_lo) / (p_hi - p_lo), (dec["tx_dbm"] - t_lo) / (t_hi - t_lo)], 1)
-        return x.detach().double().cpu().clamp(0.0, 1.0)
+        p = dec["p"].detach().double().cpu().clamp(p_lo, p_hi)
+        tx = dec["tx_dbm"].detach().double().cpu()
+        if self.p_scale == "log":
+            xp = (p.log() - math.log(p_lo)) / (math.log(p_hi) - math.log(p_lo))
+        else:
+            xp = (p - p_lo) / (p_hi - p_lo)
+        return torch.cat([xp, (tx - t_lo) / (t_hi - t_lo)], 1).clamp(0.0, 1.0)
 
     def sample(self, n: int, gen: torch.Generator) -> dict:
-        """``n`` uniform draws per cell (candidate-major), from ``gen`` on the CPU."""
+        """``n`` uniform draws per cell on the unit cube (candidate-major; so log-uniform ``p`` with
+        ``p_scale="log"``), from ``gen`` on the CPU."""
         x = torch.rand(n * self.fleet.E, 2 * self.fleet.R, generator=gen, dtype=torch.float64)
         return self.from_unit(x)
 

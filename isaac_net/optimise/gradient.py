@@ -54,6 +54,21 @@ def fluid_cost(cost: Callable, *, mode: str, cfg, sends: str, T: int, warmup: in
     return model_cost
 
 
+def proxy_cost(cost: Callable, proxy, cfg) -> Callable:
+    """A model cost ``(dec, tau) -> [E]`` through a neural proxy (``isaac_net.core.diff.proxy``):
+    its per-robot KPIs of the decisions ``dec`` (``p, B, pos, tx_dbm``; the SNR from position and
+    power through :func:`isaac_net.core.radio.snr_db` in ``cfg``) as expected totals per robot,
+    and ``cost(totals) -> [E]`` of them (e.g. ``fleet_cost`` with ``kpis=kpi.PROXY_KPIS``). The
+    proxy predicts expectations: no sends are drawn, and ``tau`` is not used."""
+    from isaac_net.core import kpi, radio
+
+    def model_cost(dec: dict, tau: float) -> torch.Tensor:
+        k = proxy.predict(dec["p"], dec["B"], radio.snr_db(dec["pos"], dec["tx_dbm"], cfg))
+        return cost(kpi.expected_totals(dec["p"], k, kpi.PROXY_KPIS))
+
+    return model_cost
+
+
 def gradient_descent(decisions, model_cost: Callable, *, iters: int, lr: float, tau_start: float,
                      tau_end: float, tau_min: float = 0.0, score: Callable | None = None,
                      score_every: int = 0, stop: Callable | None = None, progress=None

@@ -16,7 +16,6 @@ and each returning a :class:`Result` whose solution is scored held out on the pa
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import torch
@@ -56,16 +55,27 @@ def _finish(name: str, run: Run, dec: dict, **info) -> Result:
 def gradient(decisions, scorer: Scorer, budget: Budget, *, calibration=None, mode: str = "QA",
              sends: str = "relaxed", cfg=None, iters: int = 100, lr: float = 0.1, T: int = 20,
              warmup: int = 4, tau_start: float = 0.2, tau_end: float = 0.02, lam: float = 0.1,
-             score_every: int = 10, seed: int = 0, name: str | None = None) -> Result:
+             score_every: int = 10, seed: int = 0, name: str | None = None, compile: bool = False,
+             proxy=None) -> Result:
     """Adam through L1D / QAD (``mode``, ``sends``; with ``calibration``, a
     :class:`~isaac_net.core.diff.calibrate.Calibration`, its model, cell constants and temperature
-    floor) for ``iters`` iterations of ``T``-step rollouts, or until ``budget``'s wall time."""
-    from isaac_net.core import CellConfig
+    floor) for ``iters`` iterations of ``T``-step rollouts, or until ``budget``'s wall time.
+    ``compile``: the model's compiled step (``DiffFluid(compile=True)``; its first call compiles,
+    within the wall time). With ``proxy`` (a fitted :class:`~isaac_net.core.diff.proxy.Proxy` of
+    the fleet's ``R``, e.g. :func:`~isaac_net.optimise.fleet.fit_proxy`), Adam runs through its
+    predictions instead (``calibration``, ``mode``, ``sends`` and the temperatures unused)."""
+    from isaac_net.core import CellConfig, kpi
     from isaac_net.optimise.cost import fleet_cost
-    from isaac_net.optimise.gradient import fluid_cost, gradient_descent
+    from isaac_net.optimise.gradient import fluid_cost, proxy_cost
 
     fleet = decisions.fleet
     cfg = CellConfig() if cfg is None else cfg
+    if proxy is not None:
+        if calibration is not None:
+            raise ValueError("proxy: expected either a proxy or a calibration, got both")
+        model_cost = proxy_cost(lambda tot: fleet_cost(tot, fleet, scorer.cost, kpi.PROXY_KPIS), proxy, cfg)
+        return _descend(decisions, scorer, budget, model_cost, name or "gradient, neural proxy", iters=iters,
+                        lr=lr, tau_start=tau_start, tau_end=tau_end, tau_min=0.0, score_every=score_every)
     tau_min = 0.0
     if calibration is not None:
         calibration = calibration.at(fleet.R)  # a FleetCalibration: the constants for this fleet size
@@ -73,14 +83,24 @@ def gradient(decisions, scorer: Scorer, budget: Budget, *, calibration=None, mod
         cfg = calibration.apply(cfg, R=fleet.R)
     name = name or f"gradient, {mode}D {sends.replace('_', '-')}" + (", calibrated" if calibration else "")
     model_cost = fluid_cost(lambda res: fleet_cost(res, fleet, scorer.cost), mode=mode, cfg=cfg, sends=sends,
-                            T=T, warmup=warmup, lam=lam, generator=torch.Generator().manual_seed(seed + 1))
+                            T=T, warmup=warmup, lam=lam, generator=torch.Generator().manual_seed(seed + 1),
+                            compile=compile)
+    return _descend(decisions, scorer, budget, model_cost, name, iters=iters, lr=lr, tau_start=tau_start,
+                    tau_end=tau_end, tau_min=tau_min, score_every=score_every, mode=mode, sends=sends)
+
+
+def _descend(decisions, scorer: Scorer, budget: Budget, model_cost, name: str, *, iters: int, lr: float,
+             tau_start: float, tau_end: float, tau_min: float, score_every: int, **info) -> Result:
+    """Adam on ``model_cost`` within ``budget``, the iterates scored held out every ``score_every``."""
+    from isaac_net.optimise.gradient import gradient_descent
+
     run = Run(scorer, budget)
     with torch.no_grad():
         run.record(decisions(decisions.init()))
     dec, hist = gradient_descent(decisions, model_cost, iters=iters, lr=lr, tau_start=tau_start,
                                  tau_end=tau_end, tau_min=tau_min, score=run.record, score_every=score_every,
                                  stop=lambda i: run.exhausted())
-    return _finish(name, run, dec, iters=len(hist), mode=mode, sends=sends)
+    return _finish(name, run, dec, iters=len(hist), **info)
 
 
 def _cma_options(seed: int, cell: int) -> dict:
@@ -184,14 +204,15 @@ def tpe(decisions, scorer: Scorer, budget: Budget, *, trials_per_round: int = 1,
 
 def random_search(decisions, scorer: Scorer, budget: Budget, *, per_round: int = 16, seed: int = 0,
                   score_every: int = 1, name: str = "random search") -> Result:
-    """Uniform candidates in the bounds, ``per_round`` per cell per training rollout, the best per
-    cell (training cost) kept, until ``budget``."""
+    """Candidates uniform on the decisions' unit cube (so p log-uniform with ``p_scale="log"``),
+    ``per_round`` per cell per training rollout, the best per cell (training cost) kept, until
+    ``budget``. The start is the first candidate (scored first, kept unless beaten), as TPE's."""
     E = decisions.fleet.E
     gen = torch.Generator().manual_seed(seed + 2)
     run = Run(scorer, budget)
     best = decisions.to_unit(decisions(decisions.init()))
-    best_cost = torch.full((E,), math.inf, dtype=torch.float64)
     run.record(decisions.from_unit(best))
+    best_cost = scorer.train(decisions.from_unit(best))[0]
     rounds = 0
     while not run.exhausted(next_rollouts=per_round * E):
         x = torch.rand(per_round * E, best.shape[1], generator=gen, dtype=torch.float64)

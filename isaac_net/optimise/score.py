@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from isaac_net.optimise.cost import fleet_cost
+from isaac_net.optimise.cost import chunked_rollouts, fleet_cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +66,9 @@ class Scorer:
         self.rollouts = self.heldout_rollouts = 0
 
     def _cost(self, dec: dict, u: torch.Tensor, seed: int) -> torch.Tensor:
-        from isaac_net.core.diff.reference import discrete_rollout
-
-        n_cells = dec["p"].shape[0]
-        chunk = n_cells if self.chunk_cells is None else int(self.chunk_cells)
-        parts = []
-        for s in range(0, n_cells, chunk):
-            sl = slice(s, s + chunk)
-            res = discrete_rollout(self.level, self.T, dec["p"][sl], dec["B"][sl], pos=dec["pos"][sl],
-                                   tx_dbm=dec["tx_dbm"][sl], warmup=self.warmup, u=u[:self.T, sl],
-                                   cfg=self.cfg, dtype=self.fleet.B.dtype, seed=seed,
-                                   device=dec["p"].device, **self.engine_kwargs)
-            parts.append(fleet_cost(res, self.fleet, self.cost))
+        parts = chunked_rollouts(self.level, self.T, self.warmup, dec, u,
+                                 lambda res: fleet_cost(res, self.fleet, self.cost), cfg=self.cfg, seed=seed,
+                                 dtype=self.fleet.B.dtype, chunk=self.chunk_cells, **self.engine_kwargs)
         c = torch.cat(parts).cpu().double()
         return torch.where(torch.isfinite(c), c, torch.full_like(c, math.inf))
 

@@ -249,12 +249,24 @@ SENSITIVITY_OPS = [op["name"] for op in config["sensitivity"]["ops"]]
 # The fleet optimisation's fleet sizes (a gradient job each) and black-box methods (a job each per size).
 FLEET_OPT_R = [int(r) for r in config["fleet_opt"]["R"]]
 FLEET_OPT_METHODS = ["cmaes", "tpe", "random", "hybrid"]
+# Its calibrated models: the gradient job runs the candidates of the chosen gradient
+# (`choose_from`), a job per size each runs one of the others, at its own wall time.
+_fleet_models = config["fleet_opt"]["models"]
+FLEET_OPT_CANDIDATES = [
+    f"{m['mode']}_{m['sends']}" for m in config["fleet_opt"].get("choose_from", _fleet_models)
+]
+FLEET_OPT_OWN_MODELS = [
+    k for k in (f"{m['mode']}_{m['sends']}" for m in _fleet_models) if k not in FLEET_OPT_CANDIDATES
+]
+# ... and the neural proxy, fitted in its own job per size (when configured).
+FLEET_OPT_PROXY = ["proxy"] if config["fleet_opt"].get("proxy") else []
 FAN_OUT = {
     "model": CALIBRATION_MODELS,
     "op": SENSITIVITY_OPS,
     "sweep_R": [CALIBRATION_REF_R],
     "fleet_R": FLEET_OPT_R,
     "fleet_method": FLEET_OPT_METHODS,
+    "fleet_model": FLEET_OPT_OWN_MODELS + FLEET_OPT_PROXY,
 }
 
 

@@ -101,13 +101,14 @@ FLEET_OPT_BLACKBOX_KEYS = [
 ]
 
 
+# The gradient job reads the candidates' fits, not the merged calibration: it starts as soon as
+# they are done (the longest fit is not on the black-box jobs' path).
 rule fleet_opt_gradient:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        calibration=ARTIFACTS["calibration"],
         targets=calibration_targets("train") + calibration_targets("heldout"),
-        fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=CALIBRATION_MODELS),
+        fits=expand(f"{CALIBRATION_DIR}/fit_{{model}}.json", model=FLEET_OPT_CANDIDATES),
     output:
         json=f"{FLEET_OPT_DIR}/gradient_R{{R}}.json",
     params:
@@ -119,6 +120,55 @@ rule fleet_opt_gradient:
         f"{RESULTS}/logs/fleet_opt_gradient_R{{R}}.log",
     benchmark:
         f"{RESULTS}/bench/fleet_opt_gradient_R{{R}}.tsv"
+    threads: 1
+    priority: PRIORITY["fleet_opt"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/fleet_opt.py"
+
+
+rule fleet_opt_model:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        targets=calibration_targets("train") + calibration_targets("heldout"),
+        fits=f"{CALIBRATION_DIR}/fit_{{model}}.json",
+    output:
+        json=f"{FLEET_OPT_DIR}/model_{{model}}_R{{R}}.json",
+    params:
+        **stage_params("fleet_opt", drop=FLEET_OPT_MERGE_KEYS + FLEET_OPT_BLACKBOX_KEYS + ["uniform"]),
+        part=lambda wc: f"model-{wc.R}-{wc.model}",
+    wildcard_constraints:
+        R="|".join(str(r) for r in FLEET_OPT_R),
+        model="|".join(FLEET_OPT_OWN_MODELS) or "(?!)",
+    log:
+        f"{RESULTS}/logs/fleet_opt_model_{{model}}_R{{R}}.log",
+    benchmark:
+        f"{RESULTS}/bench/fleet_opt_model_{{model}}_R{{R}}.tsv"
+    threads: 1
+    priority: PRIORITY["fleet_opt"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/fleet_opt.py"
+
+
+rule fleet_opt_proxy:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+    output:
+        json=f"{FLEET_OPT_DIR}/model_proxy_R{{R}}.json",
+    params:
+        **stage_params("fleet_opt", drop=FLEET_OPT_MERGE_KEYS + FLEET_OPT_BLACKBOX_KEYS + ["uniform"]),
+        part=lambda wc: f"model-{wc.R}-proxy",
+    wildcard_constraints:
+        R="|".join(str(r) for r in FLEET_OPT_R),
+    log:
+        f"{RESULTS}/logs/fleet_opt_proxy_R{{R}}.log",
+    benchmark:
+        f"{RESULTS}/bench/fleet_opt_proxy_R{{R}}.tsv"
     threads: 1
     priority: PRIORITY["fleet_opt"]
     conda:

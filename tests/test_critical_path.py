@@ -1,0 +1,126 @@
+"""The critical path of the job graph (reports/render.py ``critical_path``): the longest chain of jobs
+by summed wall time, followed through ``provenance.inputs`` of the artifacts, and its paragraph in the
+page's "This run" section."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "reports"))
+
+import check_numbers  # noqa: E402
+import render  # noqa: E402
+
+
+def job(root: Path, name: str, stage: str, wall_s: float, reads: tuple[str, ...] = (),
+        writes: tuple[str, ...] = (), **prov) -> Path:
+    """Write the artifact ``root/name`` of a job: ``reads`` and ``writes`` relative to ``root``."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inputs = {"params_sha256": "0" * 64, "files": {f: "1" * 64 for f in ("src/lib.py", *reads)},
+              "outputs": {f: "2" * 64 for f in writes}, "self_sha256": "3" * 64}
+    path.write_text(json.dumps({"summary": {}, "provenance": {"stage": stage, "wall_s": wall_s,
+                                                              "inputs": inputs, **prov}}))
+    return path
+
+
+def chain(result: dict) -> list[tuple[str, str, float]]:
+    return [(j["stage"], j["artifact"], j["wall_s"]) for j in result["jobs"]]
+
+
+def test_a_diamond_takes_its_longer_branch(tmp_path):
+    job(tmp_path, "a.json", "prep", 10.0)
+    job(tmp_path, "b.json", "fast", 5.0, reads=("a.json",))
+    job(tmp_path, "c.json", "slow", 20.0, reads=("a.json",))
+    root = job(tmp_path, "d.json", "merge", 1.5, reads=("b.json", "c.json"))
+    result = render.critical_path([root], base=tmp_path)
+    assert chain(result) == [("prep", "a.json", 10.0), ("slow", "c.json", 20.0), ("merge", "d.json", 1.5)]
+    assert result["seconds"] == 31.5
+    assert result["minutes"] == pytest.approx(31.5 / 60)
+    assert result["n_jobs_total"] == 4
+    assert result["jobs"][0]["path"] == "a.json"
+
+
+def test_a_non_json_output_leads_to_the_job_that_wrote_it(tmp_path):
+    job(tmp_path, "results/parts/model.json", "train", 100.0,
+        writes=("results/parts/model.pt", "results/parts/model.csv"))
+    job(tmp_path, "results/use.json", "use", 50.0, reads=("results/parts/model.pt",))
+    job(tmp_path, "results/unrelated.json", "other", 500.0)  # not upstream: not in the graph
+    page_a = job(tmp_path, "results/page_a.json", "report_a", 2.0, reads=("results/use.json",))
+    page_b = job(tmp_path, "results/page_b.json", "report_b", 3.0)
+    result = render.critical_path([page_a, page_b], base=tmp_path)
+    assert chain(result) == [("train", "parts/model.json", 100.0), ("use", "use.json", 50.0),
+                             ("report_a", "page_a.json", 2.0)]
+    assert result["jobs"][-1]["path"] == str(Path("results/page_a.json"))
+    assert (result["seconds"], result["n_jobs_total"]) == (152.0, 4)
+
+
+def test_inputs_that_are_no_job_are_left_out(tmp_path):
+    (tmp_path / "table.csv").write_text("a,b\n")  # no artifact lists it among its outputs
+    (tmp_path / "plain.json").write_text(json.dumps({"rows": [1, 2]}))  # no provenance
+    root = job(tmp_path, "x.json", "x", 4.0, reads=("table.csv", "plain.json", "missing.json"))
+    result = render.critical_path([str(root)], base=tmp_path)
+    assert chain(result) == [("x", "x.json", 4.0)]
+    assert result["n_jobs_total"] == 1
+
+
+def test_a_cycle_fails_naming_it(tmp_path):
+    job(tmp_path, "x.json", "x", 1.0, reads=("y.json",))
+    job(tmp_path, "y.json", "y", 1.0, reads=("z.csv",))
+    job(tmp_path, "w.json", "w", 1.0, writes=("z.csv",), reads=("x.json",))
+    with pytest.raises(ValueError, match=r"roots: the jobs' inputs form a cycle .*x\.json -> .*y\.json"):
+        render.critical_path([tmp_path / "x.json"], base=tmp_path)
+
+
+def test_bad_roots_fail_clearly(tmp_path):
+    with pytest.raises(ValueError, match="roots: expected at least one artifact"):
+        render.critical_path([], base=tmp_path)
+    (tmp_path / "no_wall.json").write_text(json.dumps({"provenance": {"stage": "s"}}))
+    with pytest.raises(ValueError, match=r"roots: .*no_wall\.json is not a job's artifact"):
+        render.critical_path([tmp_path / "no_wall.json"], base=tmp_path)
+
+
+def render_this_run(tmp_path: Path, target_s: float | None) -> str:
+    """The "This run" section over one cost artifact read after a preparing job; checks its numbers."""
+    config = {} if target_s is None else {"critical_path_target_s": target_s}
+    job(tmp_path, "res/prep.json", "prep", 90.0)
+    cost = job(tmp_path, "res/cost.json", "cost", 30.0, reads=("res/prep.json",), config=config,
+               started_unix=1000.0, git_commit="0123456789abcdef", cpu_count=4, torch_threads=1)
+    shutil.copytree(REPO / "reports" / "sections", tmp_path / "sections")
+    (tmp_path / "page.md.j2").write_text('{% include "sections/this_run.md.j2" %}')
+    crit = render.traced_critical_path(render.critical_path([cost], base=tmp_path), base=tmp_path)
+    arts = {"cost": json.loads(cost.read_text())}
+    text, entries = render.render_traced(arts, {"cost": str(cost)}, {}, "fixture",
+                                         template=tmp_path / "page.md.j2", critical=crit)
+    assert check_numbers.check_page(text, render.trace_document(text, entries, "fixture")) == []
+    return text
+
+
+def test_the_page_states_the_critical_path_and_its_target(tmp_path):
+    text = render_this_run(tmp_path / "over", 60)
+    assert "The critical path of the Snakemake job graph is 2 min" in text
+    assert "among the 2 jobs" in text
+    assert "`prep` (`prep.json`, 90 s) → `cost` (`cost.json`, 30 s)." in text
+    assert ("at most 1 min: **not met**, 1 min over; its longest job, `prep` (`prep.json`), alone takes "
+            "1.5 min.") in text
+    assert "at most 10 min: met." in render_this_run(tmp_path / "met", 600)
+    text = render_this_run(tmp_path / "none", None)
+    assert "critical path of the Snakemake job graph is 2 min" in text and "target" not in text
+
+
+def test_the_committed_full_artifacts_have_a_critical_path():
+    results = REPO / "benchmarks" / "diff" / "results" / "full"
+    roots = [results / f"{name}.json" for name in render.STAGES if (results / f"{name}.json").exists()]
+    if not roots:
+        pytest.skip("no committed artifacts of the full profile")
+    result = render.critical_path(roots)
+    assert result["minutes"] > 0 and result["jobs"]
+    assert result["jobs"][-1]["path"] in {str(r.relative_to(REPO)) for r in roots}
+    assert result["seconds"] == pytest.approx(sum(j["wall_s"] for j in result["jobs"]))
+    assert result["n_jobs_total"] >= len(roots)
+    traced = render.traced_critical_path(result)
+    assert traced["minutes"].value == pytest.approx(result["minutes"])
