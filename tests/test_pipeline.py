@@ -201,8 +201,8 @@ FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval
              "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_max_s": 400,
              "p_init": 0.5, "p_init_ref_R": 8, "tx_init_dbm": 20.0, "hybrid_sigma0": 0.05,
              "random_per_round": 16,
-             "models": [{"mode": "L1", "sends": "relaxed"}, {"mode": "QA", "sends": "relaxed"},
-                        {"mode": "QA", "sends": "mean_field"}],
+             "models": [{"mode": "L1", "sends": "relaxed", "compile": True},
+                        {"mode": "QA", "sends": "relaxed"}, {"mode": "QA", "sends": "mean_field"}],
              "choose_from": [{"mode": "QA", "sends": "relaxed"}, {"mode": "QA", "sends": "mean_field"}],
              "n_boot": 200, "gradient": {"iters": 60, "T": 16, "lr": 0.1, "tau_start": 0.2, "tau_end": 0.02},
              "cost": {"weights": {"mean_delay": 1.0, "mean_aoi": 0.5, "mean_energy_j": 50.0},
@@ -660,6 +660,16 @@ def test_fleet_opt_targets_are_unmeasured_without_their_size_and_unmet_when_a_ba
     assert not any(c["baseline"] == "TPE (Optuna)" and c["budget_factor"] == 10 for c in art["comparisons"])
 
 
+def test_fleet_opt_candidates_are_the_models_entries_of_choose_from():
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
+    assert fleet_opt.candidates(FLEET_CFG) == FLEET_CFG["models"][1:]  # their own settings kept
+    assert fleet_opt.candidates({"models": FLEET_CFG["models"]}) == FLEET_CFG["models"]  # default: all
+    with pytest.raises(ValueError, match="choose_from: expected a non-empty subset of models"):
+        fleet_opt.candidates({**FLEET_CFG, "choose_from": [{"mode": "L1", "sends": "mean_field"}]})
+
+
 def test_fleet_opt_cmaes_covers_the_gradient_charged_in_full_where_asked():
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import fleet_opt
@@ -697,6 +707,7 @@ def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
             "cells).") in fo
     assert "- QAD mean-field, calibrated (a candidate): t_m = 1 s" in fo
     assert "the one of QAD relaxed, QAD mean-field whose solution costs least" in fo
+    assert "(L1D relaxed through the compiled step, its compile within the wall time; the others eager)" in fo
     assert ("- neural proxy: t_m = 0.5 s, held-out cost 2.55, its fit (the rollouts on L2-legacy and the "
             "training) 3 s.") in fo
     assert "With the fit charged, against CMA-ES given the same 3.5 s: better than it (difference -2.5" in fo

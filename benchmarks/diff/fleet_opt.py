@@ -150,7 +150,7 @@ def _gradient(scorer, dec, cfg, params: dict, m: dict, out: dict):
         score_every=int(g["score_every"]),
         seed=int(params["seed"]),
         name=model_name(m),
-        compile=bool(g.get("compile", False)),
+        compile=bool(m.get("compile", g.get("compile", False))),
     )
     print(f"[fleet_opt] R = {dec.fleet.R}: {res.name} {res.wall_s:.1f} s, "
           f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
@@ -158,12 +158,13 @@ def _gradient(scorer, dec, cfg, params: dict, m: dict, out: dict):
 
 
 def candidates(params: dict) -> list:
-    """The models the comparisons' gradient is chosen among (``choose_from``, default every model)."""
+    """The models the comparisons' gradient is chosen among (``choose_from``, default every model),
+    as their entries of ``models``."""
     keys = [_model_key(m) for m in params["models"]]
-    pool = params.get("choose_from", params["models"])
-    if not pool or not {_model_key(m) for m in pool} <= set(keys):
-        raise ValueError(f"choose_from: expected a non-empty subset of models {keys}, got {pool}")
-    return list(pool)
+    pool = {_model_key(m) for m in params.get("choose_from", params["models"])}
+    if not pool or not pool <= set(keys):
+        raise ValueError(f"choose_from: expected a non-empty subset of models {keys}, got {sorted(pool)}")
+    return [m for m in params["models"] if _model_key(m) in pool]
 
 
 def gradient_part(stage, params: dict, out: dict, R: int) -> None:
@@ -245,7 +246,7 @@ def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
     """One calibrated model outside the candidates (``<mode>_<sends>``) at fleet size ``R``, at its
     own wall time."""
     match = [m for m in params["models"] if _model_key(m) == key]
-    if len(match) != 1 or match[0] in candidates(params):
+    if len(match) != 1 or key in {_model_key(m) for m in candidates(params)}:
         raise ValueError(f"model: expected one of models outside choose_from, got {key!r}")
     _, dec, scorer, cfg = problem(params, R)
     res = _gradient(scorer, dec, cfg, params, match[0], out)
