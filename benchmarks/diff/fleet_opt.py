@@ -372,10 +372,10 @@ def break_even(trace: list, cost: float, after_s: float) -> float | None:
     return None
 
 
-def _covered(at: dict, ends: dict, budget: float) -> dict:
-    """``at`` without the methods whose job ended before ``budget`` (a finished gradient's solution
-    stays its solution; a black-box job's is only known as far as it ran)."""
-    return {n: (None if n in ends and budget > ends[n] * (1 + 1e-9) else row) for n, row in at.items()}
+def _ran(ends: dict, name: str, budget: float) -> bool:
+    """Whether method ``name`` ran as long as ``budget`` (s): a finished gradient's solution stays its
+    solution; a black-box job's (``ends``: its budget, s) is only known as far as it ran."""
+    return name not in ends or budget <= ends[name] * (1 + 1e-9)
 
 
 def _at_budgets(results: dict, ends: dict, params: dict, R: int, t_grad: float) -> tuple[list, list]:
@@ -385,10 +385,11 @@ def _at_budgets(results: dict, ends: dict, params: dict, R: int, t_grad: float) 
     rows, comps = [], []
     for factor in params["budgets"]:
         budget = float(factor) * t_grad
-        at = _covered({n: _at(r["trace"], budget) for n, r in results.items() if n != UNIFORM}, ends, budget)
+        at = {n: _at(r["trace"], budget) if _ran(ends, n, budget) else None
+              for n, r in results.items() if n != UNIFORM}
         for name, row in at.items():
             rows.append({"R": R, "budget_factor": factor, "budget_s": budget, "method": name,
-                         "ran": name not in ends or budget <= ends[name] * (1 + 1e-9),
+                         "ran": _ran(ends, name, budget),
                          "cost": None if row is None else row["heldout_cost"],
                          "wall_s": None if row is None else row["wall_s"],
                          "rollouts": None if row is None else row["rollouts"]})
@@ -402,45 +403,41 @@ def _at_budgets(results: dict, ends: dict, params: dict, R: int, t_grad: float) 
     return rows, comps
 
 
-def _own_time(results: dict, ends: dict, params: dict, name: str) -> list:
-    """One calibrated model's solution against each baseline at ``budgets`` x the model's own wall
-    time (what a user who runs only this model pays); ``covered`` False where the baseline's job
-    ended before."""
+def _vs_baselines(results: dict, ends: dict, params: dict, name: str, at_s: float, **row) -> list:
+    """Method ``name``'s solution against each baseline's at ``at_s`` (s) of the baseline's run: one
+    row each (``row``'s fields, ``baseline``, ``covered`` False where the baseline's job ended before,
+    and where covered its cost and the paired difference)."""
     n_boot, seed = int(params["n_boot"]), int(params["seed"])
-    res, out = results[name], []
+    out = []
+    for base in BASELINES:
+        if base not in results:
+            continue
+        r = {**row, "baseline": base, "covered": at_s <= ends[base]}
+        if r["covered"]:
+            b = _at(results[base]["trace"], at_s)
+            r |= {"baseline_cost": b["heldout_cost"],
+                  **paired(results[name]["heldout_cells"], b["heldout_cells"], n_boot, seed)}
+        out.append(r)
+    return out
+
+
+def _own_time(results: dict, ends: dict, params: dict, name: str) -> list:
+    """One model's solution against each baseline at ``budgets`` x the model's own wall time (what a
+    user who runs only this model pays)."""
+    out = []
     for factor in params["budgets"]:
-        budget = float(factor) * res["wall_s"]
-        for base in BASELINES:
-            if base not in results:
-                continue
-            row = {"budget_factor": factor, "budget_s": budget, "baseline": base,
-                   "covered": budget <= ends[base]}
-            if row["covered"]:
-                b = _at(results[base]["trace"], budget)
-                row |= {"baseline_cost": b["heldout_cost"], **paired(res["heldout_cells"], b["heldout_cells"],
-                                                                       n_boot, seed)}
-            out.append(row)
+        budget = float(factor) * results[name]["wall_s"]
+        out += _vs_baselines(results, ends, params, name, budget, budget_factor=factor, budget_s=budget)
     return out
 
 
 def _own_charged(results: dict, ends: dict, params: dict, name: str, cal) -> list:
     """One model's solution plus its calibration (or proxy fit) against each baseline given that
-    total wall time (``covered`` False where the baseline's job ended before)."""
-    n_boot, seed = int(params["n_boot"]), int(params["seed"])
-    res, out = results[name], []
+    total wall time."""
     if cal is None:
-        return out
-    total = res["wall_s"] + cal
-    for base in BASELINES:
-        if base not in results:
-            continue
-        row = {"baseline": base, "total_s": total, "covered": total <= ends[base]}
-        if row["covered"]:
-            b = _at(results[base]["trace"], total)
-            row |= {"baseline_cost": b["heldout_cost"], **paired(res["heldout_cells"], b["heldout_cells"],
-                                                                   n_boot, seed)}
-        out.append(row)
-    return out
+        return []
+    total = results[name]["wall_s"] + cal
+    return _vs_baselines(results, ends, params, name, total, total_s=total)
 
 
 def _charged(results: dict, ends: dict, params: dict, R: int, t_grad: float, cal) -> list:
