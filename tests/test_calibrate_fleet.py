@@ -54,6 +54,19 @@ def test_continuation_goes_outwards_from_the_reference_size():
         calibrate.continuation_order([4, 8], 16)
 
 
+def test_the_sizes_that_serve_a_fleet_size_are_those_at_gives_it_from():
+    sizes = [64, 4, 16, 8, 32]
+    assert calibrate.serving_sizes(sizes, 16) == [16]
+    assert calibrate.serving_sizes(sizes, 24) == [16, 32] and calibrate.serving_sizes(sizes, 48) == [32, 64]
+    assert calibrate.serving_sizes(sizes, 2) == [4] and calibrate.serving_sizes(sizes, 100) == [64]
+    for R in (2, 8, 12, 24, 100):  # the fits named are the only ones at(R) reads
+        only = calibrate.FleetCalibration("QA", "relaxed", tuple(
+            c for c in FLEET.fits if c.R[0] in calibrate.serving_sizes(FLEET.R, R)))
+        assert only.at(R) == FLEET.at(R)
+    with pytest.raises(ValueError, match="sizes: expected distinct fleet sizes"):
+        calibrate.serving_sizes([8, 8], 8)
+
+
 def test_the_search_narrows_to_the_neighbouring_sizes_choice():
     search = {**calibrate.SEARCH, "tau": [0.05, 0.1, 0.2, 0.3, 0.4], "qa_snr_req_db": [15.0, 10.0, 5.0, 0.0]}
     got = _neighbour_search(search, _cal(8, sr_slots=0, tau=0.2, qa_snr_req_db=15.0), "QA")
@@ -114,7 +127,24 @@ def test_a_file_of_several_sizes_loads_as_a_fleet_calibration(tmp_path):
     assert again.R == (8, 32) and again.at(32).rate_factor == 0.2 and again.at(8).rate_factor == 0.6
 
 
-def test_fit_fleet_recovers_constants_that_change_with_the_fleet_size():
+def test_several_files_load_as_one_calibration(tmp_path):
+    """The pipeline's fit files, one per model and size, load together as the merged file does."""
+    paths = []
+    for c in FLEET.fits + (_cal(8, mode="L1", sends="mean_field"),):
+        paths.append(tmp_path / f"fit_{c.mode}_{c.sends}_R{c.R[0]}.json")
+        c.save(paths[-1])
+    got = calibrate.Calibration.load(paths, mode="QA", sends="relaxed")
+    assert isinstance(got, calibrate.FleetCalibration) and got.R == (8, 32)
+    for R in (8, 16, 32):
+        assert (got.at(R).constants, got.at(R).tau) == (FLEET.at(R).constants, FLEET.at(R).tau)
+    assert calibrate.Calibration.load(paths[2:], mode="L1", sends="mean_field").R == (8,)
+    with pytest.raises(ValueError, match=r"no calibration for mode='QA', sends='mean_field'"):
+        calibrate.Calibration.load(paths, mode="QA", sends="mean_field")
+    with pytest.raises(TypeError, match="path: expected a calibration file's path or a non-empty sequence"):
+        calibrate.Calibration.load([], mode="QA", sends="relaxed")
+
+
+def test_fit_fleet_recovers_constants_that_change_with_the_fleet_size(tmp_path):
     """Targets made by QAD itself with other constants at each size: each size's fit finds its own,
     and the training loss of its own fit is the one size_losses reports."""
     truth = {4: dict(rate_factor=0.8, snr_offset_db=-2.0, qa_sr_slots=4),
@@ -148,6 +178,18 @@ def test_fit_fleet_recovers_constants_that_change_with_the_fleet_size():
     for f, c in zip(forms, fc.fits, strict=True):
         assert f["own"] == pytest.approx(c.train_loss, rel=1e-6, abs=1e-9)
     assert forms[1]["ref"] > 10 * forms[1]["own"]  # R = 4's constants do not serve R = 8
+    # One size at a time, continued from its neighbour read back from a file (the pipeline's fit
+    # jobs): the same constants and losses as the fleet fit.
+    path = tmp_path / "fit_R4.json"
+    fc.fits[0].save(path)
+    prev = calibrate.Calibration.load(path, mode="QA", sends="relaxed")
+    one = calibrate.fit_size("QA", "relaxed", R=8, neighbour=prev, grid=grids[8], targets=targets[8],
+                             model_robots=8, search=search, **kw)
+    keep = ("rate_factor", "snr_offset_db", "sr_slots", "tau", "qa_snr_req_db", "train_loss")
+    assert {k: getattr(one, k) for k in keep} == {k: getattr(fc.fits[1], k) for k in keep}
+    assert one.setup["continued_from_R"] == 4
+    with pytest.raises(TypeError, match="neighbour: expected a Calibration or None"):
+        calibrate.fit_size("QA", "relaxed", R=8, neighbour=4, grid=grids[8])
 
 
 def test_fit_fleet_checks_its_per_size_arguments():

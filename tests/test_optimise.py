@@ -277,6 +277,43 @@ def test_fit_proxy_spans_the_fleet_and_the_gradient_runs_through_it():
     assert not torch.equal(res.decisions["p"], dec(dec.init())["p"])  # it moved
 
 
+PROXY_FIT = {"robots": 40, "T": 8, "warmup": 2, "load_max": 3.0, "hidden": (8,), "epochs": 5,
+             "batch_size": 16, "lr": 0.01}
+
+
+def tiny_proxy_problem():
+    """Decisions, a scorer and a budget of a small fleet: proxy_gradient's arguments (fit aside)."""
+    fleet, dec = small()
+    return dec, opt.Scorer(fleet, COST, T=8, warmup=2), opt.Budget(rollouts=1)
+
+
+def test_proxy_gradient_fits_on_the_scorers_level_and_optimise_fleet_runs_the_same():
+    """The fit runs on the scorer's level (its rollouts and wall time in info["fit"], not the result's),
+    its lr apart from Adam's; optimise_fleet's "proxy" is this function with the same seed, bit for bit."""
+    fleet, dec = small(E=2, R=4)
+    torch.manual_seed(3)
+    scorer = opt.Scorer(fleet, COST, T=8, warmup=2, level="L1", seed=3)
+    res = opt.proxy_gradient(dec, scorer, opt.Budget(wall_s=60.0), seed=3, iters=3, lr=0.05, score_every=1,
+                             fit=PROXY_FIT)
+    fit = res.info["fit"]
+    assert res.name == "gradient, neural proxy" and res.info["iters"] == 3 and res.rollouts == 0
+    assert fit["rollouts"] == fit["cells"] == 10 and fit["wall_s"] > 0 and fit["wall_s"] >= fit["wall_fit_s"]
+    assert set(fit) >= {"test_cells", "wall_collect_s", "ranges", "heldout"}
+    assert fit["ranges"]["p"][1] == 0.75 and scorer.rollouts == 0  # load_max / R; the fit's not the scorer's
+    adam = {"iters": 3, "lr": 0.05, "score_every": 1, "T": 6}  # T: not the proxy's
+    via = opt.optimise_fleet(fleet, methods=("proxy",), budget=opt.Budget(wall_s=60.0), T_eval=8,
+                             warmup_eval=2, gradient_kwargs=adam, proxy_kwargs=PROXY_FIT,
+                             level_kwargs={"level": "L1"}, seed=3)
+    got = via["gradient, neural proxy"]
+    assert torch.equal(got.heldout_cost, res.heldout_cost)
+    assert torch.equal(got.decisions["p"], res.decisions["p"])
+    assert {k: v for k, v in got.info["fit"].items() if not k.startswith("wall")} == {
+        k: v for k, v in fit.items() if not k.startswith("wall")}
+    other = opt.proxy_gradient(dec, scorer, opt.Budget(wall_s=60.0), seed=3, iters=3, lr=0.05, score_every=1,
+                               fit={**PROXY_FIT, "lr": 0.02})
+    assert not torch.equal(other.decisions["p"], res.decisions["p"])  # the fit's lr reached the fit
+
+
 def test_uniform_policy_is_the_best_of_its_grid():
     fleet, dec = small(E=2, R=3)
     scorer = opt.Scorer(fleet, COST, T=8, warmup=2, level="L1")
@@ -308,6 +345,8 @@ def test_uniform_policy_is_the_best_of_its_grid():
     (lambda: opt.proxy_ranges(small()[1], None, load_max=0.0), "load_max: expected"),
     (lambda: opt.proxy_ranges(small()[1], None, load_max=0.01), "load_max: 0.01 / R"),
     (lambda: opt.fit_proxy(small()[1], test_share=1.0), "test_share: expected"),
+    (lambda: opt.proxy_gradient(*tiny_proxy_problem(), fit={"seed": 1}), r"fit: unknown settings \['seed'\]"),
+    (lambda: opt.proxy_gradient(*tiny_proxy_problem(), fit={"iters": 3}), r"unknown settings \['iters'\]"),
     (lambda: opt.summarise({}, "uniform policy"), "baseline"),
 ])
 def test_bad_inputs_name_the_argument(call, match):
@@ -320,6 +359,9 @@ def test_bad_inputs_name_the_argument(call, match):
     (lambda: opt.FleetDecisions("fleet"), "fleet: expected a Fleet"),
     (lambda: opt.RobotClass("x", 1.0, 5.0, (1.0, 2.0)), "x.size_bytes: expected a pair"),
     (lambda: opt.optimise_fleet(small()[0], budget=10.0), "budget: expected a Budget"),
+    (lambda: opt.proxy_gradient(small()[1], None, opt.Budget(rollouts=1)), "scorer: expected a Scorer"),
+    (lambda: opt.proxy_gradient(*tiny_proxy_problem()[:2], 10.0), "budget: expected a Budget"),
+    (lambda: opt.proxy_gradient(*tiny_proxy_problem(), fit=[("robots", 40)]), "fit: expected a dict"),
 ])
 def test_bad_types_name_the_argument(call, match):
     with pytest.raises(TypeError, match=match):

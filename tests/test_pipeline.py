@@ -684,6 +684,28 @@ def test_fleet_opt_cmaes_covers_the_gradient_charged_in_full_where_asked():
     assert fleet_opt.blackbox_budget(FLEET_CFG, {**grad, "R": 8}, "cmaes") == 20.0  # not a covered size
 
 
+def test_fleet_opt_calibration_cost_reads_the_files_once_and_sums_per_model_list(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+
+    targets = []
+    for i, (part, wall) in enumerate([("train", 10.0), ("heldout", 5.0), ("load", 99.0), (None, 7.0)]):
+        targets.append(tmp_path / f"t{i}.json")
+        targets[-1].write_text(json.dumps({"part": part, "provenance": {"wall_s": wall}}))
+    fits = []
+    for model, wall in [("QA_relaxed", 2.5), ("L1_mean_field", "4.0")]:
+        fits.append(tmp_path / f"fit_{model}.json")
+        fits[-1].write_text(json.dumps({"model": model, "wall_fit_s": wall}))
+    times = fleet_opt.calibration_times(targets, fits)
+    assert times["targets_s"] == 15.0 and set(times["fits"]) == {"QA_relaxed", "L1_mean_field"}
+    for path in targets + fits:
+        path.unlink()  # read once: the sums below need no file
+    assert fleet_opt.calibration_cost(times, ["QA_relaxed", "L1_mean_field"]) == {
+        "targets_s": 15.0, "fit_s": 6.5, "total_s": 21.5, "models": ["QA_relaxed", "L1_mean_field"]}
+    assert fleet_opt.calibration_cost(times, ["QA_relaxed", "QA_mean_field"]) == {
+        "targets_s": 15.0, "fit_s": None, "total_s": None, "models": ["QA_relaxed", "QA_mean_field"]}
+
+
 def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
     page = build_page(tmp_path, fixture_artifacts())
     fo = section(page, "## Gradients against black-box optimisers on L2-legacy")

@@ -175,10 +175,12 @@ def load_proxy(path, params: dict, cfg):
 
 
 def compute(params: dict, decisions_cls, progress=True, device: str = "cpu",
-            calibration: str | None = None, proxy_path: str | None = None) -> dict:
+            calibration=None, proxy_path: str | None = None) -> dict:
     """The study: a gradient run through each model, random search, the uniform policy, scoring on
     ``level``. ``decisions_cls(sc, params)`` builds the stage's decisions (``RateDecisions`` of
-    opt_rates, ``PlacementDecisions`` of placement). Returns the artifact payload."""
+    opt_rates, ``PlacementDecisions`` of placement); ``calibration``: the calibration file, or the
+    fit files (one per model and fitted size) that serve ``R`` (``Calibration.load``). Returns the
+    artifact payload."""
     from isaac_net.core.diff.calibrate import Calibration
 
     torch.manual_seed(int(params["seed"]))

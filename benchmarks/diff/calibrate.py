@@ -3,11 +3,13 @@
 * ``targets`` (one job per point set and fleet size: ``train`` and ``heldout`` at each of the
   config's ``R``, scaled to it from the reference size ``ref_R``, ``sweep`` at ``ref_R``):
   L2-legacy KPIs at each operating point of the set (``isaac_net.core.diff.calibrate.measure``);
-* ``fit`` (one job per model): one set of constants per fleet size by grid search and
-  Nelder-Mead on that size's training targets, by continuation from ``ref_R``
-  (``calibrate.fit_fleet``), the held-out losses, the training loss of the ways to serve a size
-  (its own fit, the reference size's constants, interpolation between its neighbours), and the
-  model's KPIs on the load sweep uncalibrated and calibrated;
+* ``size`` (one job per model and fleet size): that size's constants by grid search and
+  Nelder-Mead on its training targets, by continuation from ``ref_R`` (``calibrate.fit_size``:
+  each size's search narrowed around the fit of the size next to it, whose job it waits for),
+  and its held-out loss; a calibration file of its own, which a study at that size reads;
+* ``fit`` (one job per model): the sizes' fits as one file, the training loss of the ways to
+  serve a size (its own fit, the reference size's constants, interpolation between its
+  neighbours), and the model's KPIs on the load sweep uncalibrated and calibrated;
 * ``merge``: the calibration file ``calibration.json`` (loadable with
   ``Calibration.load(path, mode=, sends=)``, which gives the constants for any R) with a
   summary, the tables and the figure: the constants against R, and L2-legacy against the
@@ -28,19 +30,16 @@ except ImportError:  # imported as benchmarks.diff.calibrate (tests)
 
 
 
-def point_sets(params: dict, R: int) -> dict:
-    """The operating points of each set at ``R`` robots per cell: ``train`` and ``heldout`` (p x
-    sizes x tx at the reference size ``ref_R``, scaled to ``R``: ``calibrate.scaled_points``) and
+def point_set(params: dict, R: int, name: str) -> tuple:
+    """The operating points of set ``name`` at ``R`` robots per cell: ``train`` and ``heldout`` (p x
+    sizes x tx at the reference size ``ref_R``, scaled to ``R``: ``calibrate.scaled_points``) or
     ``sweep`` (the figure's, at ``ref_R`` only)."""
     from isaac_net.core.diff import calibrate
 
-    def grid(g):
-        return calibrate.product_grid(g["p"], g["sizes_bytes"], g["tx_dbm"])
-
-    ref = int(params["ref_R"])
-    return {"train": calibrate.scaled_points(grid(params["grid"]), R, ref_R=ref),
-            "heldout": calibrate.scaled_points(grid(params["heldout"]), R, ref_R=ref),
-            "sweep": grid(params["sweep"])}
+    section = {"train": "grid", "heldout": "heldout", "sweep": "sweep"}[name]
+    g = params[section]
+    points = calibrate.product_grid(g["p"], g["sizes_bytes"], g["tx_dbm"])
+    return points if name == "sweep" else calibrate.scaled_points(points, R, ref_R=int(params["ref_R"]))
 
 
 def fleet_sizes(params: dict) -> tuple:
@@ -59,7 +58,7 @@ def _problem(params: dict, part: str, R: int):
     # Each set has its own positions and sends: seed, seed + 1 (held out), seed + 2 (sweep).
     offset = {"train": 0, "heldout": 1, "sweep": 2}[part]
     return calibrate.problem(
-        point_sets(params, R)[part],
+        point_set(params, R, part),
         R=int(R),
         area_m=params["area_m"],
         envs=int(params["envs"]),
@@ -115,30 +114,61 @@ def _log(line: str) -> None:
     print(line, flush=True)
 
 
+def _fit_kwargs(params: dict) -> dict:
+    """The arguments every size's fit and the forms' losses share."""
+    return dict(area_m=params["area_m"], envs=int(params["envs"]), T=int(params["T"]),
+                warmup=int(params["warmup"]), seed=int(params["seed"]), lam=float(params["lam"]),
+                cfg=cell_config(params.get("cell", {})), slope_weight=float(params["slope_weight"]),
+                model_robots=int(params["model_robots"]))
+
+
+def fit_size(stage, params: dict, out: dict, part: str) -> None:
+    """One model's fit at one fleet size (``part``: ``<mode>_<sends>-<R>``,
+    ``calibrate.fit_size``): the whole search at the reference size, elsewhere narrowed around the
+    neighbouring size's fit (``out["neighbour"]``, the file of the size it continues from)."""
+    from isaac_net.core.diff import calibrate
+
+    model, _, R = part.rpartition("-")
+    sizes, ref = fleet_sizes(params), int(params["ref_R"])
+    if not R.isdigit() or int(R) not in sizes:
+        raise ValueError(f"part: expected size-<mode>_<sends>-<R> with R one of {list(sizes)}, "
+                         f"got size-{part}")
+    mode, sends = model.split("_", 1)
+    R = int(R)
+    neighbour = dict(calibrate.continuation_order(sizes, ref))[R]
+    prev = None if neighbour is None else calibrate.Calibration.load(out["neighbour"], mode=mode, sends=sends)
+    if prev is not None and prev.R != (neighbour,):
+        raise ValueError(f"neighbour: expected the fit at R = {neighbour}, got R = {list(prev.R)} "
+                         f"({out['neighbour']})")
+    cal = calibrate.fit_size(
+        mode, sends, R=R, neighbour=prev, grid=point_set(params, R, "train"),
+        heldout=point_set(params, R, "heldout"), level=params["level"],
+        tau=float(params["tau"]), search=params.get("search"), targets=_kpis(out["train"], (R,))[R],
+        heldout_targets=_kpis(out["heldout"], (R,))[R], progress=_log,  # a line per choice and check
+        provenance={"stage": stage.name, "profile": stage.profile}, **_fit_kwargs(params))
+    # A calibration file of its own: a study at this size needs this fit, not the model's others.
+    stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,
+                                   "R": R, "calibrations": [cal.to_dict()],
+                                   "wall_fit_s": cal.setup["wall_fit_s"]})
+
+
 def fit(stage, params: dict, out: dict, model: str) -> None:
-    """Fit one model's constants at every fleet size (``calibrate.fit_fleet``); the training loss of
-    the ways to serve each size (``calibrate.size_losses``); its KPIs on the sweep, uncalibrated and
-    calibrated."""
+    """One model's fits at every fleet size (one file each, ``fit_size``) as one calibration file;
+    the training loss of the ways to serve each size (``calibrate.size_losses``); its KPIs on the
+    sweep, uncalibrated and calibrated."""
     from isaac_net.core.diff import calibrate
 
     mode, sends = model.split("_", 1)
     cfg = cell_config(params.get("cell", {}))
     sizes, ref = fleet_sizes(params), int(params["ref_R"])
-    sets = {R: point_sets(params, R) for R in sizes}
-    common = dict(area_m=params["area_m"], envs=int(params["envs"]), T=int(params["T"]),
-                  warmup=int(params["warmup"]), seed=int(params["seed"]), lam=float(params["lam"]), cfg=cfg,
-                  slope_weight=float(params["slope_weight"]), model_robots=int(params["model_robots"]))
+    paths = [out["sizes"]] if isinstance(out["sizes"], str) else list(out["sizes"])
+    fc = calibrate.Calibration.load(paths, mode=mode, sends=sends)
+    fc = fc if isinstance(fc, calibrate.FleetCalibration) else calibrate.FleetCalibration(mode, sends, (fc,))
+    if fc.R != sizes:
+        raise ValueError(f"sizes: expected fits at the fleet sizes {list(sizes)}, got {list(fc.R)} ({paths})")
     train = _kpis(out["train"], sizes)
-    t0 = time.perf_counter()
-    fc = calibrate.fit_fleet(
-        mode, sends, sizes=sizes, ref_R=ref, grids={R: s["train"] for R, s in sets.items()},
-        heldouts={R: s["heldout"] for R, s in sets.items()}, level=params["level"], tau=float(params["tau"]),
-        search=params.get("search"), targets=train, heldout_targets=_kpis(out["heldout"], sizes),
-        progress=_log,  # a line per grid choice, refinement and gradient check
-        provenance={"stage": stage.name, "profile": stage.profile}, **common)
-    wall_fit = time.perf_counter() - t0
-    forms = calibrate.fleet.size_losses(fc, ref_R=ref, grids={R: s["train"] for R, s in sets.items()},
-                                        targets=train, **common)
+    grids = {R: point_set(params, R, "train") for R in sizes}
+    forms = calibrate.fleet.size_losses(fc, ref_R=ref, grids=grids, targets=train, **_fit_kwargs(params))
     sweep, _ = _problem(params, "sweep", ref)
     sweep = sweep.first(calibrate.model_envs_for(ref, int(params["model_robots"]), int(params["envs"])))
     curves = {}
@@ -147,11 +177,11 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
         k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]))
         curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
-    # A calibration file of its own (Calibration.load reads it): a study needing one model waits for
-    # that model's fit, not for every fit and the merge.
+    # A calibration file of its own (Calibration.load reads it); its fit time the sizes' (each
+    # continued from its neighbour's: what a user pays for the model at every size).
     stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,
                                    "calibrations": fc.to_dicts(), "forms": forms, "sweep": curves,
-                                   "wall_fit_s": wall_fit})
+                                   "wall_fit_s": sum(float(c.setup["wall_fit_s"]) for c in fc.fits)})
 
 
 def _row(c: dict) -> dict:
@@ -233,16 +263,20 @@ def merge(stage, params: dict, out: dict) -> None:
 
 
 def main(stage, params: dict, out: dict, part: str | None = None) -> None:
-    """Calibration of the fluid models to L2-legacy (parts: targets-<set>-<R>, fit-<model>, merge)."""
+    """Calibration of the fluid models to L2-legacy (parts: targets-<set>-<R>, size-<model>-<R>,
+    fit-<model>, merge)."""
     kind, _, arg = (part or "").partition("-")
     if kind == "targets":
         targets(stage, params, out, arg)
+    elif kind == "size":
+        fit_size(stage, params, out, arg)
     elif kind == "fit":
         fit(stage, params, out, arg)
     elif kind == "merge":
         merge(stage, params, out)
     else:
-        raise ValueError(f"part: expected targets-<set>-<R>, fit-<model> or merge, got {part!r}")
+        raise ValueError(f"part: expected targets-<set>-<R>, size-<model>-<R>, fit-<model> or merge, "
+                         f"got {part!r}")
 
 
 if __name__ == "__main__":

@@ -97,19 +97,26 @@ def dump(res) -> dict:
     }
 
 
-def calibration_cost(targets: list, fits: list, models: list) -> dict:
-    """The calibration's wall time, s: its L2-legacy targets (train and held-out points, every fleet
-    size; the load sweep is the figure's, not counted) and the fits of ``models`` (``<mode>_<sends>``,
-    every size by continuation; None where a fit is not recorded)."""
+def calibration_times(targets: list, fits: list) -> dict:
+    """The calibrate stage's records, each file read once: ``targets_s``, the wall time of its L2-legacy
+    targets (train and held-out points, every fleet size; the load sweep is the figure's, not counted),
+    and ``fits``, the fit records (``wall_fit_s`` among them) by model (``<mode>_<sends>``)."""
     t = [json.loads(open(p).read()) for p in targets]
     targets_s = sum(d["provenance"]["wall_s"] for d in t if d.get("part") in ("train", "heldout"))
     fit = {d["model"]: d for d in (json.loads(open(p).read()) for p in fits)}
-    found = [fit[m] for m in models if m in fit]
+    return {"targets_s": targets_s, "fits": fit}
+
+
+def calibration_cost(times: dict, models: list) -> dict:
+    """The calibration's wall time, s, of ``models`` (``<mode>_<sends>``): the targets of ``times``
+    (:func:`calibration_times`) and the models' fits (every size by continuation; None where a fit is
+    not recorded)."""
+    found = [times["fits"][m] for m in models if m in times["fits"]]
     fit_s = sum(float(d["wall_fit_s"]) for d in found) if len(found) == len(models) else None
     return {
-        "targets_s": targets_s,
+        "targets_s": times["targets_s"],
         "fit_s": fit_s,
-        "total_s": None if fit_s is None else targets_s + fit_s,
+        "total_s": None if fit_s is None else times["targets_s"] + fit_s,
         "models": list(models),
     }
 
@@ -192,6 +199,7 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     t_grad = sum(r.wall_s for _, r in runs.values()) + select_s
     trace = [dict(res.trace[0]), {**res.trace[-1], "wall_s": t_grad, "rollouts": select_rollouts}]
     uniform = opt.uniform_policy(dec, scorer, grid=params.get("uniform"))
+    times = calibration_times(out["targets"], out["fits"])
     payload = {
         "R": int(R),
         "E": fleet.E,
@@ -204,9 +212,9 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
         "train_cost": train,
         "x_chosen": dec.to_unit(res.decisions).tolist(),
         "p_scale": dec.p_scale,  # the cube x_chosen is on (the hybrid reads it back)
-        "calibration_cost": calibration_cost(out["targets"], out["fits"], [_model_key(mm) for mm in pool]),
+        "calibration_cost": calibration_cost(times, [_model_key(mm) for mm in pool]),
         "model_calibration_cost": {
-            n: calibration_cost(out["targets"], out["fits"], [_model_key(mm)]) for n, (mm, _) in runs.items()
+            n: calibration_cost(times, [_model_key(mm)]) for n, (mm, _) in runs.items()
         },
         "results": {name: dump(r) for name, (_, r) in runs.items()}
         | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
@@ -219,21 +227,22 @@ PROXY = "proxy"  # the model job of the neural proxy (fleet_opt.proxy), fitted i
 
 
 def proxy_part(stage, params: dict, out: dict, R: int) -> None:
-    """The neural proxy at fleet size ``R``: fitted on the level over the fleet's ranges
-    (``isaac_net.optimise.fit_proxy``, its rollouts and wall time its own cost, as a calibration's),
-    then Adam through it (the gradient settings' ``iters``, ``lr``, ``score_every``)."""
+    """The neural proxy at fleet size ``R``: fitted on the level over the fleet's ranges, then Adam
+    through it (the gradient settings' ``iters``, ``lr``, ``score_every``), by
+    ``isaac_net.optimise.proxy_gradient``; the fit's rollouts and wall time are its own cost, as a
+    calibration's."""
     from isaac_net import optimise as opt
 
     pp, g = params["proxy"], params["gradient"]
-    _, dec, scorer, cfg = problem(params, R)
-    proxy, info = opt.fit_proxy(
-        dec, level=params["level"], cfg=cfg, robots=int(pp["robots"]), test_share=float(pp["test_share"]),
-        T=int(pp["T"]), warmup=int(pp["warmup"]), load_max=float(pp["load_max"]), hidden=pp["hidden"],
-        epochs=int(pp["epochs"]), lr=float(pp["lr"]), batch_size=int(pp["batch_size"]),
-        seed=int(params["seed"]), batch_cells=pp.get("batch_cells"))
-    res = opt.gradient(dec, scorer, opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))), proxy=proxy, cfg=cfg,
-                       iters=int(g["iters"]), lr=float(g["lr"]), score_every=int(g["score_every"]),
-                       seed=int(params["seed"]))
+    _, dec, scorer, _ = problem(params, R)
+    fit = {"robots": int(pp["robots"]), "test_share": float(pp["test_share"]), "T": int(pp["T"]),
+           "warmup": int(pp["warmup"]), "load_max": float(pp["load_max"]), "hidden": pp["hidden"],
+           "epochs": int(pp["epochs"]), "lr": float(pp["lr"]), "batch_size": int(pp["batch_size"]),
+           "batch_cells": pp.get("batch_cells")}
+    res = opt.proxy_gradient(dec, scorer, opt.Budget(wall_s=float(g.get("max_wall_s", 1e9))),
+                             seed=int(params["seed"]), iters=int(g["iters"]), lr=float(g["lr"]),
+                             score_every=int(g["score_every"]), fit=fit)
+    info = res.info.pop("fit")  # the job's "proxy", its result as the other models' (fit aside)
     print(f"[fleet_opt] R = {R}: {res.name} {res.wall_s:.1f} s (fit {info['wall_s']:.1f} s), "
           f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
     cal = {"targets_s": None, "fit_s": info["wall_s"], "total_s": info["wall_s"], "models": [PROXY],
@@ -250,7 +259,7 @@ def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
         raise ValueError(f"model: expected one of models outside choose_from, got {key!r}")
     _, dec, scorer, cfg = problem(params, R)
     res = _gradient(scorer, dec, cfg, params, match[0], out)
-    cal = calibration_cost(out["targets"], [out["fits"]], [key])
+    cal = calibration_cost(calibration_times(out["targets"], [out["fits"]]), [key])
     stage.write_json(out["json"], {"R": int(R), "model": key, "result": dump(res), "calibration_cost": cal})
 
 

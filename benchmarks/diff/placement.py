@@ -61,7 +61,7 @@ class PlacementDecisions:
 
 
 def compute_placement(params: dict, progress: bool = True, device: str = "cpu",
-                      calibration: str | None = None, proxy_path: str | None = None) -> dict:
+                      calibration=None, proxy_path: str | None = None) -> dict:
     payload = compute(params, PlacementDecisions, progress, device, calibration=calibration,
                       proxy_path=proxy_path)
     sc = payload["_sc"]

@@ -6,8 +6,8 @@ The pieces, one concern a module: ``fleet`` (robot classes, :func:`make_fleet`, 
 and the paired bootstrap), ``gradient`` (the bounded parameters, the temperature schedule and the
 Adam loop through a model), ``score`` (:class:`Scorer` on the packet level, :class:`Budget`, each
 method's clock and trace), ``surrogate`` (a neural proxy fitted for a fleet, :func:`fit_proxy`),
-``methods`` (gradient, CMA-ES, TPE, hybrid, random search, uniform
-policy) and ``api`` (:func:`optimise_fleet`, :func:`summarise`). No plotting here.
+``methods`` (gradient, gradient through a fitted proxy, CMA-ES, TPE, hybrid, random search,
+uniform policy) and ``api`` (:func:`optimise_fleet`, :func:`summarise`). No plotting here.
 
 Usage (examples/optimise_fleet.py)::
 
@@ -25,7 +25,16 @@ from isaac_net.optimise.api import DEFAULT_COST, METHODS, optimise_fleet, summar
 from isaac_net.optimise.cost import env_cost, env_kpis, fleet_cost, paired_diff
 from isaac_net.optimise.fleet import DEFAULT_CLASSES, Fleet, FleetDecisions, RobotClass, make_fleet
 from isaac_net.optimise.gradient import anneal, bounded, gradient_descent, unbounded
-from isaac_net.optimise.methods import Result, cmaes, gradient, hybrid, random_search, tpe, uniform_policy
+from isaac_net.optimise.methods import (
+    Result,
+    cmaes,
+    gradient,
+    hybrid,
+    proxy_gradient,
+    random_search,
+    tpe,
+    uniform_policy,
+)
 from isaac_net.optimise.score import Budget, Run, Scorer, solution_at
 from isaac_net.optimise.surrogate import fit_proxy, proxy_ranges
 
@@ -33,6 +42,6 @@ __all__ = [
     "Budget", "DEFAULT_CLASSES", "DEFAULT_COST", "Fleet", "FleetDecisions", "METHODS", "Result",
     "RobotClass", "Run", "Scorer", "anneal", "solution_at",
     "bounded", "cmaes", "env_cost", "env_kpis", "fit_proxy", "fleet_cost", "proxy_ranges",
-    "gradient", "gradient_descent", "hybrid", "make_fleet", "optimise_fleet", "paired_diff",
+    "gradient", "gradient_descent", "hybrid", "make_fleet", "optimise_fleet", "paired_diff", "proxy_gradient",
     "random_search", "summarise", "tpe", "unbounded", "uniform_policy",
 ]

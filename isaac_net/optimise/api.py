@@ -27,8 +27,9 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
         The hybrid spends the same budget, the gradient's share included.
     :param T_eval, warmup_eval: steps of every packet-level rollout (training and held out).
     :param level_kwargs: more arguments of the level's engine (e.g. ``cfg``, ``backend``).
-    :param proxy_kwargs: arguments of :func:`~isaac_net.optimise.fit_proxy` for ``"proxy"``: a neural
-        proxy fitted on the level for this fleet (its wall time and rollouts in the result's
+    :param proxy_kwargs: arguments of :func:`~isaac_net.optimise.fit_proxy` for ``"proxy"``
+        (:func:`~isaac_net.optimise.methods.proxy_gradient`'s ``fit``): a neural proxy fitted on the
+        level for this fleet (the fit's info, its wall time and rollouts among it, in the result's
         ``info["fit"]``, not in its ``wall_s``), then Adam through it (``gradient_kwargs``' ``iters``,
         ``lr`` and ``score_every``).
     """
@@ -52,7 +53,8 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
                               **(gradient_kwargs or {}))
             r = grad
         elif name == "proxy":
-            r = _proxy(decisions, scorer, budget, seed, gradient_kwargs or {}, proxy_kwargs or {})
+            adam = {k: v for k, v in (gradient_kwargs or {}).items() if k in ("iters", "lr", "score_every")}
+            r = m.proxy_gradient(decisions, scorer, budget, seed=seed, fit=proxy_kwargs, **adam)
         if name == "cmaes":
             r = m.cmaes(decisions, scorer, budget, seed=seed)
         elif name == "tpe":
@@ -61,19 +63,6 @@ def optimise_fleet(fleet, *, calibration=None, methods=("uniform", "gradient", "
             r = m.hybrid(decisions, scorer, budget, grad, seed=seed)
         out[r.name] = r
     return out
-
-
-def _proxy(decisions, scorer: Scorer, budget: Budget, seed: int, gradient_kwargs: dict,
-           proxy_kwargs: dict) -> m.Result:
-    """A proxy fitted on the scorer's level and cell for ``decisions``' fleet, then Adam through it."""
-    from isaac_net.optimise.surrogate import fit_proxy
-
-    cfg = scorer.cfg
-    proxy, info = fit_proxy(decisions, level=scorer.level, cfg=cfg, seed=seed, **proxy_kwargs)
-    keep = {k: gradient_kwargs[k] for k in ("iters", "lr", "score_every") if k in gradient_kwargs}
-    r = m.gradient(decisions, scorer, budget, proxy=proxy, cfg=cfg, seed=seed, **keep)
-    r.info["fit"] = {k: v for k, v in info.items() if k != "heldout"}
-    return r
 
 
 def summarise(results: dict, baseline: str, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:

@@ -2,6 +2,7 @@
 and each returning a :class:`Result` whose solution is scored held out on the packet level.
 
 * :func:`gradient`: Adam through a (calibrated) L1D / QAD model; no packet-level rollouts.
+* :func:`proxy_gradient`: a neural proxy fitted on the packet level for the fleet, then Adam through it.
 * :func:`cmaes`: pycma's CMA-ES on the packet level, one ``cma.CMAEvolutionStrategy`` per cell
   (library defaults, default population), every cell's candidates in one rollout a generation.
 * :func:`tpe`: Optuna's TPE sampler (ask/tell), one study per cell, every cell's trials of a round
@@ -62,8 +63,9 @@ def gradient(decisions, scorer: Scorer, budget: Budget, *, calibration=None, mod
     floor) for ``iters`` iterations of ``T``-step rollouts, or until ``budget``'s wall time.
     ``compile``: the model's compiled step (``DiffFluid(compile=True)``; its first call compiles,
     within the wall time). With ``proxy`` (a fitted :class:`~isaac_net.core.diff.proxy.Proxy` of
-    the fleet's ``R``, e.g. :func:`~isaac_net.optimise.fleet.fit_proxy`), Adam runs through its
-    predictions instead (``calibration``, ``mode``, ``sends`` and the temperatures unused)."""
+    the fleet's ``R``, e.g. :func:`~isaac_net.optimise.surrogate.fit_proxy`; fitted and run in one:
+    :func:`proxy_gradient`), Adam runs through its predictions instead (``calibration``, ``mode``,
+    ``sends`` and the temperatures unused)."""
     from isaac_net.core import CellConfig, kpi
     from isaac_net.optimise.cost import fleet_cost
     from isaac_net.optimise.gradient import fluid_cost, proxy_cost
@@ -87,6 +89,55 @@ def gradient(decisions, scorer: Scorer, budget: Budget, *, calibration=None, mod
                             compile=compile)
     return _descend(decisions, scorer, budget, model_cost, name, iters=iters, lr=lr, tau_start=tau_start,
                     tau_end=tau_end, tau_min=tau_min, score_every=score_every, mode=mode, sends=sends)
+
+
+#: Arguments of :func:`~isaac_net.optimise.surrogate.fit_proxy` that :func:`proxy_gradient` takes from
+#: its scorer and seed, not from ``fit``.
+_FIT_FROM_SCORER = ("decisions", "level", "cfg", "seed")
+
+
+def proxy_gradient(decisions, scorer: Scorer, budget: Budget, *, seed: int = 0, iters: int = 100,
+                   lr: float = 0.1, score_every: int = 10, fit: dict | None = None) -> Result:
+    """A neural proxy fitted for ``decisions``' fleet on the scorer's level and cell
+    (:func:`~isaac_net.optimise.surrogate.fit_proxy`), then Adam through it (:func:`gradient` with
+    ``proxy=``) within ``budget``.
+
+    :param scorer: the :class:`~isaac_net.optimise.score.Scorer`; the fit's rollouts run on its
+        ``level`` with its ``cfg``, the descent's iterates are scored by it.
+    :param seed: the fit's (its rollouts and training) and the descent's.
+    :param iters, lr, score_every: Adam's iterations, step size and held-out scoring interval
+        (as :func:`gradient`'s).
+    :param fit: the other arguments of ``fit_proxy`` (``robots``, ``test_share``, ``T``, ``warmup``,
+        ``load_max``, ``hidden``, ``epochs``, ``lr``: the fit's learning rate, not Adam's,
+        ``batch_size``, ``batch_cells``); None: its defaults. ``level``, ``cfg`` and ``seed`` are the
+        scorer's and ``seed``.
+    :returns: the :class:`Result` ``"gradient, neural proxy"``: its ``wall_s`` and ``rollouts`` are
+        the descent's alone; ``info["fit"]`` is the fit's whole info (``cells``, ``test_cells``,
+        ``rollouts``, ``wall_collect_s``, ``wall_fit_s``, ``wall_s``, ``ranges``, ``heldout``: see
+        ``fit_proxy``), what a user pays once per cell configuration, as for a calibration.
+    """
+    import inspect
+
+    from isaac_net.optimise.surrogate import fit_proxy
+
+    if not isinstance(scorer, Scorer):
+        raise TypeError(f"scorer: expected a Scorer (its level and cfg fit the proxy), "
+                        f"got {type(scorer).__name__}")
+    if not isinstance(budget, Budget):
+        raise TypeError(f"budget: expected a Budget, got {type(budget).__name__}")
+    if fit is not None and not isinstance(fit, dict):
+        raise TypeError(f"fit: expected a dict of fit_proxy's arguments, got {type(fit).__name__}")
+    fit = fit or {}
+    known = [k for k in inspect.signature(fit_proxy).parameters if k not in _FIT_FROM_SCORER]
+    bad = sorted(k for k in fit if k not in known)
+    if bad:
+        raise ValueError(f"fit: unknown settings {bad} (level, cfg and seed are the scorer's and seed); "
+                         f"expected some of: {', '.join(known)}")
+    proxy, info = fit_proxy(decisions, level=scorer.level, cfg=scorer.cfg, seed=seed, **fit)
+    res = gradient(decisions, scorer, budget, proxy=proxy, cfg=scorer.cfg, iters=iters, lr=lr,
+                   score_every=score_every, seed=seed)
+    res.info["fit"] = info
+    return res
 
 
 def _descend(decisions, scorer: Scorer, budget: Budget, model_cost, name: str, *, iters: int, lr: float,

@@ -233,6 +233,30 @@ CALIBRATION_R = sorted(
 CALIBRATION_REF_R = int(config["calibrate"]["ref_R"])
 
 
+# The library's rule for which fitted sizes a calibration needs (plain Python, no torch).
+_spec = importlib.util.spec_from_file_location(
+    "calibration_sizes", workflow.source_path("../../isaac_net/core/diff/calibrate/sizes.py")
+)
+calibration_sizes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(calibration_sizes)
+CALIBRATION_NEIGHBOUR = dict(calibration_sizes.continuation_order(CALIBRATION_R, CALIBRATION_REF_R))
+
+
+def calibration_neighbour(wildcards):
+    """A size's fit job reads the fit of the size it continues from (none at the reference size)."""
+    neighbour = CALIBRATION_NEIGHBOUR[int(wildcards.R)]
+    if neighbour is None:
+        return []
+    return f"{RESULTS}/calibrate/fit_{wildcards.model}_R{neighbour}.json"
+
+
+def serving_fits(R):
+    """The fit files (one per model and fitted size) that give the calibrations at ``R`` robots per
+    cell: a study at one size waits only for those."""
+    sizes = calibration_sizes.serving_sizes(CALIBRATION_R, int(R))
+    return [f"{RESULTS}/calibrate/fit_{m}_R{r}.json" for m in CALIBRATION_MODELS for r in sizes]
+
+
 def calibration_targets(point_set):
     """The calibration's L2-legacy target files of one point set, one per fleet size in ascending
     order (the sweep: the reference size only)."""
@@ -274,13 +298,19 @@ def stage_inputs(stage):
     """A stage rule's inputs by name: the library and the helpers, then its entry's paths with
     ``{results}`` filled in and the fan-out wildcards expanded (a list stays a list)."""
     inputs = {"library": LIBRARY, "helpers": HELPERS}
+    values = dict(FAN_OUT)
+    if any("{serving_R}" in p for v in stage["inputs"].values() for p in (v if isinstance(v, list) else [v])):
+        # the calibration's fitted sizes that serve the stage's fleet size
+        values["serving_R"] = calibration_sizes.serving_sizes(
+            CALIBRATION_R, int(config[stage["config"]]["R"])
+        )
     for key, value in stage["inputs"].items():
         patterns = value if isinstance(value, list) else [value]
         files, fanned = [], isinstance(value, list)
         for pattern in patterns:
             wildcards = {f for _, f, _, _ in string.Formatter().parse(pattern) if f} - {"results"}
             fanned = fanned or bool(wildcards)
-            files += expand(pattern, results=RESULTS, **{w: FAN_OUT[w] for w in wildcards})
+            files += expand(pattern, results=RESULTS, **{w: values[w] for w in wildcards})
         inputs[key] = files if fanned else files[0]
     return inputs
 

@@ -34,16 +34,47 @@ rule calibrate_targets:
         "../../benchmarks/diff/calibrate.py"
 
 
+# One fit per model and fleet size: the reference size's first, each other size's after the fit of
+# the size next to it (its search narrowed around that one's choice), so a study at one size waits
+# only for the fits on the way to it.
+rule calibrate_fit_size:
+    input:
+        library=LIBRARY,
+        helpers=HELPERS,
+        train=f"{CALIBRATION_DIR}/targets_train_R{{R}}.json",
+        heldout=f"{CALIBRATION_DIR}/targets_heldout_R{{R}}.json",
+        neighbour=calibration_neighbour,
+    output:
+        json=f"{CALIBRATION_DIR}/fit_{{model}}_R{{R}}.json",
+    params:
+        **stage_params("calibrate", drop=["modes", "sends", "sweep"]),
+        part=lambda wc: f"size-{wc.model}-{wc.R}",
+    wildcard_constraints:
+        model="|".join(CALIBRATION_MODELS),
+        R="|".join(str(r) for r in CALIBRATION_R),
+    log:
+        f"{RESULTS}/logs/calibrate_fit_{{model}}_R{{R}}.log",
+    benchmark:
+        f"{RESULTS}/bench/calibrate_fit_{{model}}_R{{R}}.tsv"
+    threads: config["threads"]
+    priority: PRIORITY["calibrate"]
+    conda:
+        "../../environment.yml"
+    script:
+        "../../benchmarks/diff/calibrate.py"
+
+
+# The model's fits at every size as one file, the forms' losses and its sweep curves.
 rule calibrate_fit:
     input:
         library=LIBRARY,
         helpers=HELPERS,
         train=calibration_targets("train"),
-        heldout=calibration_targets("heldout"),
+        sizes=expand(f"{CALIBRATION_DIR}/fit_{{{{model}}}}_R{{R}}.json", R=CALIBRATION_R),
     output:
         json=f"{CALIBRATION_DIR}/fit_{{model}}.json",
     params:
-        **stage_params("calibrate", drop=["modes", "sends"]),
+        **stage_params("calibrate", drop=["modes", "sends", "search", "heldout"]),
         part=lambda wc: f"fit-{wc.model}",
     wildcard_constraints:
         model="|".join(CALIBRATION_MODELS),

@@ -79,6 +79,7 @@ from isaac_net.core.diff.calibrate.fleet import (
     FleetCalibration,
     continuation_order,
     fit_fleet,
+    fit_size,
     model_envs_for,
     scaled_points,
 )
@@ -93,6 +94,7 @@ from isaac_net.core.diff.calibrate.loss import (
     point_loss,
 )
 from isaac_net.core.diff.calibrate.search import SEARCH, fit
+from isaac_net.core.diff.calibrate.sizes import serving_sizes
 from isaac_net.core.diff.calibrate.store import CALIBRATED_SENDS, FORMAT, VERSION, Calibration, save_all
 from isaac_net.core.diff.calibrate.targets import (
     Problem,
@@ -131,6 +133,7 @@ __all__ = [
     "continuation_order",
     "fit",
     "fit_fleet",
+    "fit_size",
     "fleet_sizes",
     "group_kpis",
     "loss",
@@ -143,5 +146,6 @@ __all__ = [
     "product_grid",
     "save_all",
     "scaled_points",
+    "serving_sizes",
     "sr_field",
 ]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from isaac_net.core.config import CellConfig
+from isaac_net.core.diff.calibrate import sizes as _sizes
 from isaac_net.core.diff.calibrate.evaluate import model_kpis
 from isaac_net.core.diff.calibrate.loss import SLOPE_WEIGHT, loss, neighbours
 from isaac_net.core.diff.calibrate.search import SEARCH, fit
@@ -132,13 +133,9 @@ class FleetCalibration:
         in log R between the two fitted sizes around it, or outside the fitted range the nearest
         size's fit (whose :meth:`Calibration.apply` with ``R=`` warns, once, that R is not its)."""
         R = _one_fleet_size(R)
-        sizes = self.R
-        if R in sizes:
-            return self.fits[sizes.index(R)]
-        if R < sizes[0] or R > sizes[-1]:  # Calibration.apply(R=R) warns (once) of the size outside
-            return self.fits[0] if R < sizes[0] else self.fits[-1]
-        hi = next(i for i, r in enumerate(sizes) if r > R)
-        return _interpolated(self.fits[hi - 1], self.fits[hi], R)
+        # outside the fitted range the nearest fit, whose apply(R=R) warns (once) of the size
+        serving = [self.fits[self.R.index(r)] for r in _sizes.serving_sizes(self.R, R)]
+        return serving[0] if len(serving) == 1 else _interpolated(*serving, R)
 
     def apply(self, cfg: CellConfig | None = None, *, R: int, area_m=None,
               l2_config: L2LegacyConfig | None = None) -> CellConfig:
@@ -184,13 +181,34 @@ def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
 def continuation_order(sizes, ref_R: int) -> list:
     """``(R, neighbour)`` in the order :func:`fit_fleet` fits them: the reference size first (no
     neighbour), then outwards, each size after the fitted size next to it."""
-    sizes = sorted(fleet_sizes(sizes))
-    if ref_R not in sizes:
-        raise ValueError(f"ref_R: expected one of the fleet sizes {sizes}, got {ref_R!r}")
-    i = sizes.index(ref_R)
-    up = [(sizes[k], sizes[k - 1]) for k in range(i + 1, len(sizes))]
-    down = [(sizes[k], sizes[k + 1]) for k in range(i - 1, -1, -1)]
-    return [(ref_R, None)] + up + down
+    return _sizes.continuation_order(fleet_sizes(sizes), ref_R)
+
+
+def fit_size(mode: str, sends: str, *, R: int, neighbour: Calibration | None, grid, heldout=(),
+             model_robots: int = 32, envs: int = 16, targets: dict | None = None,
+             heldout_targets: dict | None = None, search: dict | None = None,
+             progress: bool | Callable[[str], None] = False, **kwargs) -> Calibration:
+    """One size's fit of :func:`fit_fleet`: :func:`fit` at ``R`` with the whole ``search`` when
+    ``neighbour`` is None (the reference size), else the search narrowed around the neighbouring
+    size's fit (:func:`_neighbour_search`). Its ``setup`` records the fit time (``wall_fit_s``, its
+    targets measured apart: what a user pays for this size) and the size it continued from.
+
+    :param grid, heldout: the size's operating points (e.g. :func:`scaled_points`).
+    :param targets, heldout_targets: ``{kpi: [n_points]}`` at ``R`` (measured when None).
+    :param kwargs: the rest of :func:`fit`'s (``area_m``, ``T``, ``warmup``, ``tau``, ...).
+    """
+    if neighbour is not None and not isinstance(neighbour, Calibration):
+        raise TypeError(f"neighbour: expected a Calibration or None, got {type(neighbour).__name__}")
+    full = {**SEARCH, **(search or {})}
+    sp = full if neighbour is None else _neighbour_search(full, neighbour, mode)
+    report = progress if not callable(progress) else (lambda line: progress(f"R = {R}: {line}"))
+    t0 = time.perf_counter()
+    cal = fit(mode, sends, grid=grid, heldout=heldout, R=R, envs=envs,
+              model_envs=model_envs_for(R, model_robots, envs), targets=targets,
+              heldout_targets=heldout_targets, search={k: v for k, v in sp.items() if k in SEARCH},
+              progress=report, **kwargs)
+    return dataclasses.replace(cal, setup={**cal.setup, "wall_fit_s": time.perf_counter() - t0,
+                                           "continued_from_R": None if neighbour is None else neighbour.R[0]})
 
 
 def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts: dict | None = None,
@@ -218,20 +236,13 @@ def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts
         if per_size is not None and (not isinstance(per_size, dict) or sorted(per_size) != want):
             got = sorted(per_size) if isinstance(per_size, dict) else type(per_size).__name__
             raise ValueError(f"{name}: expected a dict with one entry per fleet size {want}, got {got}")
-    full = {**SEARCH, **(search or {})}
     fitted: dict = {}
     for R, neighbour in order:
-        sp = full if neighbour is None else _neighbour_search(full, fitted[neighbour], mode)
-        report = progress if not callable(progress) else (lambda line, R=R: progress(f"R = {R}: {line}"))
-        t0 = time.perf_counter()
-        cal = fit(mode, sends, grid=grids[R], heldout=(heldouts or {}).get(R, ()), R=R,
-                  envs=envs, model_envs=model_envs_for(R, model_robots, envs),
-                  targets=None if targets is None else targets[R],
-                  heldout_targets=None if heldout_targets is None else heldout_targets[R],
-                  search={k: v for k, v in sp.items() if k in SEARCH}, progress=report, **kwargs)
-        # The size's own fit time (its targets measured apart): what a user pays for this size.
-        fitted[R] = dataclasses.replace(cal, setup={**cal.setup, "wall_fit_s": time.perf_counter() - t0,
-                                                    "continued_from_R": neighbour})
+        fitted[R] = fit_size(mode, sends, R=R, neighbour=None if neighbour is None else fitted[neighbour],
+                             grid=grids[R], heldout=(heldouts or {}).get(R, ()), model_robots=model_robots,
+                             envs=envs, targets=None if targets is None else targets[R],
+                             heldout_targets=None if heldout_targets is None else heldout_targets[R],
+                             search=search, progress=progress, **kwargs)
     return FleetCalibration(mode, sends, tuple(fitted.values()))
 
 

@@ -214,13 +214,19 @@ class Calibration:
 
     @classmethod
     def load(cls, path, *, mode: str, sends: str):
-        """The calibration of ``(mode, sends)`` from the calibration file ``path``: a
-        :class:`Calibration`, or a :class:`~.fleet.FleetCalibration` when the file holds fits of it at
+        """The calibration of ``(mode, sends)`` from the calibration file ``path`` (or from several,
+        a sequence of paths, e.g. the pipeline's one fit file per model and fleet size): a
+        :class:`Calibration`, or a :class:`~.fleet.FleetCalibration` when the files hold fits of it at
         several fleet sizes (one entry each). Either gives the constants for ``R`` robots per cell
         with ``.at(R)``, ``.apply(cfg, R=R)`` and ``.model(E, R)``."""
         _check_model(mode, sends)
-        entries = _read_file(Path(path))
-        mine = [cls.from_dict(e, str(path)) for e in entries if (e["mode"], e["sends"]) == (mode, sends)]
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths or any(not isinstance(p, (str, Path)) for p in paths):
+            raise TypeError(f"path: expected a calibration file's path or a non-empty sequence of them, "
+                            f"got {path!r}")
+        source = str(paths[0]) if len(paths) == 1 else f"{[str(p) for p in paths]}"
+        entries = [(e, str(p)) for p in paths for e in _read_file(Path(p))]
+        mine = [cls.from_dict(e, src) for e, src in entries if (e["mode"], e["sends"]) == (mode, sends)]
         if len(mine) == 1:
             return mine[0]
         if mine:
@@ -229,9 +235,10 @@ class Calibration:
             try:
                 return FleetCalibration(mode, sends, tuple(mine))
             except ValueError as err:
-                raise ValueError(f"{path}: {err}") from None
-        have = ", ".join(f"({e.get('mode')}, {e.get('sends')})" for e in entries) or "none"
-        raise ValueError(f"{path}: no calibration for mode={mode!r}, sends={sends!r}; the file holds: {have}")
+                raise ValueError(f"{source}: {err}") from None
+        have = ", ".join(f"({e.get('mode')}, {e.get('sends')})" for e, _ in entries) or "none"
+        raise ValueError(f"{source}: no calibration for mode={mode!r}, sends={sends!r}; "
+                         f"the file holds: {have}")
 
 
 def save_all(path, calibrations) -> None:
