@@ -555,7 +555,9 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
     :returns: ``{"seconds", "minutes"}`` (floats: the chain's wall time), ``"jobs"`` (the chain, first
         job first: ``{"stage", "artifact", "path", "wall_s"}``; ``artifact`` relative to the roots'
         common folder, ``path`` relative to ``base`` where inside it, ``wall_s`` in s) and
-        ``"n_jobs_total"`` (the jobs in the graph, the roots included).
+        ``"n_jobs_total"`` (the jobs in the graph, the roots included); ``"work"`` (every job:
+        ``{"stage", "path", "wall_s", "threads"}``, the torch threads its provenance records) and
+        ``"work_s"``, their wall times times their threads summed (core-seconds).
     :raises ValueError: no roots, a root that is not a job's artifact, or a cycle.
     """
     if not roots:
@@ -575,13 +577,18 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
     chain = [{"stage": str(jobs[n].get("stage", n.stem)), "artifact": rel(n, common), "path": rel(n, base),
               "wall_s": jobs[n]["wall_s"]} for n in _longest_chain(jobs, upstream)]
     seconds = sum(job["wall_s"] for job in chain)
-    return {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs)}
+    # every job's work: its wall time times the torch threads it reserved
+    work = [{"stage": str(prov.get("stage", n.stem)), "path": rel(n, base), "wall_s": prov["wall_s"],
+             "threads": int(prov.get("torch_threads") or 1)} for n, prov in sorted(jobs.items())]
+    return {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs),
+            "work": work, "work_s": sum(w["wall_s"] * w["threads"] for w in work)}
 
 
 def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
     """``critical_path``'s result for the template: each job's ``wall_s`` a ``TNum`` traced to
     ``provenance.wall_s`` of its artifact; ``seconds`` their sum and ``minutes`` that over 60, keeping
-    the keys; ``n_jobs_total`` a traced count. ``base``: as given to ``critical_path``."""
+    the keys; ``n_jobs_total`` a traced count; ``work_s`` every job's wall time times its threads,
+    summed, each term traced. ``base``: as given to ``critical_path``."""
     if not path["jobs"]:
         raise ValueError("path: a critical path without jobs")
     jobs = []
@@ -591,7 +598,18 @@ def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
         jobs.append({**job, "wall_s": wall_s})
     seconds = functools.reduce(operator.add, [j["wall_s"] for j in jobs])
     total = TNum(path["n_jobs_total"], jobs[-1]["wall_s"]._src, "len(jobs the page's artifacts come from)")
-    return {"jobs": jobs, "seconds": seconds, "minutes": seconds / 60, "n_jobs_total": total}
+    out = {"jobs": jobs, "seconds": seconds, "minutes": seconds / 60, "n_jobs_total": total}
+    if path.get("work"):
+        terms = []
+        for w in path["work"]:
+            stage = w["stage"] if _PLAIN_KEY.fullmatch(w["stage"]) else "job"
+            src = _shown(Path(base) / w["path"])
+            terms.append(TNum(w["wall_s"], src, f"{stage}.provenance.wall_s")
+                         * TNum(w["threads"], src, f"{stage}.provenance.torch_threads"))
+        # one key for the sum (its terms, one per job, would make a key of some 70 terms)
+        out["work_s"] = TNum(functools.reduce(operator.add, terms).value, terms[0]._src,
+                             "(sum over the jobs of provenance.wall_s * provenance.torch_threads)")
+    return out
 
 
 # ---------------------------------------------------------------------------- artifacts

@@ -34,7 +34,7 @@ def chain(result: dict) -> list[tuple[str, str, float]]:
 
 def test_a_diamond_takes_its_longer_branch(tmp_path):
     job(tmp_path, "a.json", "prep", 10.0)
-    job(tmp_path, "b.json", "fast", 5.0, reads=("a.json",))
+    job(tmp_path, "b.json", "fast", 5.0, reads=("a.json",), torch_threads=2)
     job(tmp_path, "c.json", "slow", 20.0, reads=("a.json",))
     root = job(tmp_path, "d.json", "merge", 1.5, reads=("b.json", "c.json"))
     result = render.critical_path([root], base=tmp_path)
@@ -43,6 +43,11 @@ def test_a_diamond_takes_its_longer_branch(tmp_path):
     assert result["minutes"] == pytest.approx(31.5 / 60)
     assert result["n_jobs_total"] == 4
     assert result["jobs"][0]["path"] == "a.json"
+    # every job's work, off the path too: wall time times its threads (1 where not recorded)
+    assert result["work_s"] == 10.0 + 2 * 5.0 + 20.0 + 1.5
+    assert {(w["stage"], w["threads"]) for w in result["work"]} == {("prep", 1), ("fast", 2), ("slow", 1),
+                                                                     ("merge", 1)}
+    assert render.traced_critical_path(result, base=tmp_path)["work_s"].value == 41.5
 
 
 def test_a_non_json_output_leads_to_the_job_that_wrote_it(tmp_path):
@@ -84,10 +89,11 @@ def test_bad_roots_fail_clearly(tmp_path):
         render.critical_path([tmp_path / "no_wall.json"], base=tmp_path)
 
 
-def render_this_run(tmp_path: Path, target_s: float | None) -> str:
+def render_this_run(tmp_path: Path, target_s: float | None, run_target_s: float | None = None) -> str:
     """The "This run" section over one cost artifact read after a preparing job; checks its numbers."""
     config = {} if target_s is None else {"critical_path_target_s": target_s}
-    job(tmp_path, "res/prep.json", "prep", 90.0)
+    config |= {} if run_target_s is None else {"run_target_s": run_target_s}
+    job(tmp_path, "res/prep.json", "prep", 90.0, torch_threads=2)
     cost = job(tmp_path, "res/cost.json", "cost", 30.0, reads=("res/prep.json",), config=config,
                started_unix=1000.0, git_commit="0123456789abcdef", cpu_count=4, torch_threads=1)
     shutil.copytree(REPO / "reports" / "sections", tmp_path / "sections")
@@ -110,6 +116,14 @@ def test_the_page_states_the_critical_path_and_its_target(tmp_path):
     assert "at most 10 min: met." in render_this_run(tmp_path / "met", 600)
     text = render_this_run(tmp_path / "none", None)
     assert "critical path of the Snakemake job graph is 2 min" in text and "target" not in text
+
+
+def test_the_page_counts_every_jobs_work_against_the_profile_target(tmp_path):
+    text = render_this_run(tmp_path, 600, run_target_s=60)
+    # prep (not a stage of the page) 90 s on 2 threads, cost 30 s on 1: 210 core-s
+    assert ("add up to 3.5 core-minutes (all 2 jobs, the fits and the other parts included): at least "
+            "0.875 min on 4 cores, whatever the schedule. The target for the `fixture` profile is at most "
+            "1 min: met.") in text
 
 
 def test_the_committed_full_artifacts_have_a_critical_path():

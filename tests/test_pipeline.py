@@ -753,7 +753,7 @@ def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):
     assert "**not met**: the work fits 2 cores in that time, the schedule did not" in section(
         build_page(tmp_path / "idle", arts), "## This run")
     arts["cost"]["provenance"]["config"]["run_target_s"] = 1.0  # less than the work over 2 cores
-    assert "**not met**: the stages' work alone is more than 2 cores" in section(
+    assert "**not met**: the work alone is more than 2 cores" in section(
         build_page(tmp_path / "short", arts), "## This run")
     # The box's yardstick: the span scaled by the reference box's per-slot autograd time over this run's.
     arts["cost"]["provenance"]["config"]["run_target_s"] = last + 60.0
