@@ -25,7 +25,9 @@
 #
 # Environment knobs: VENV (default <repo>/.venv), SLURM_TEST_CONFIGFILE
 # (default config/ci.yaml), SLURM_TEST_TARGET (default report),
-# SLURM_TEST_LOCAL_CORES (default 1), SLURM_TEST_TIMEOUT (seconds, default 540).
+# SLURM_TEST_LOCAL_CORES (default 1), SLURM_TEST_TIMEOUT (seconds per run, default 900: a guard against a hung run; the
+# local run on one core, beside the SLURM run on the same 2 cores, took about 9 min once the
+# calibration fanned out into a job per model and fleet size).
 set -euo pipefail
 
 T0=$(date +%s)
@@ -45,7 +47,7 @@ VENV=${VENV:-$REPO/.venv}
 CONFIGFILE=${SLURM_TEST_CONFIGFILE:-config/ci.yaml}
 TARGET=${SLURM_TEST_TARGET:-report}
 LOCAL_CORES=${SLURM_TEST_LOCAL_CORES:-1}
-TIMEOUT=${SLURM_TEST_TIMEOUT:-540}
+TIMEOUT=${SLURM_TEST_TIMEOUT:-900}
 PARTITION=debug
 HOST=$(hostname -s)
 NCPU=$(nproc)
