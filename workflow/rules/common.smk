@@ -250,13 +250,6 @@ def calibration_neighbour(wildcards):
     return f"{RESULTS}/calibrate/fit_{wildcards.model}_R{neighbour}.json"
 
 
-def serving_fits(R):
-    """The fit files (one per model and fitted size) that give the calibrations at ``R`` robots per
-    cell: a study at one size waits only for those."""
-    sizes = calibration_sizes.serving_sizes(CALIBRATION_R, int(R))
-    return [f"{RESULTS}/calibrate/fit_{m}_R{r}.json" for m in CALIBRATION_MODELS for r in sizes]
-
-
 def calibration_targets(point_set):
     """The calibration's L2-legacy target files of one point set, one per fleet size in ascending
     order (the sweep: the reference size only)."""
@@ -294,23 +287,25 @@ FAN_OUT = {
 }
 
 
+def fan_out_values(stage, wildcard):
+    """What a wildcard of a stage's input pattern expands over: FAN_OUT's values; ``serving_R``, the
+    calibration's fitted sizes that serve the stage's fleet size ``R``."""
+    if wildcard == "serving_R":
+        return calibration_sizes.serving_sizes(CALIBRATION_R, int(config[stage["config"]]["R"]))
+    return FAN_OUT[wildcard]
+
+
 def stage_inputs(stage):
     """A stage rule's inputs by name: the library and the helpers, then its entry's paths with
     ``{results}`` filled in and the fan-out wildcards expanded (a list stays a list)."""
     inputs = {"library": LIBRARY, "helpers": HELPERS}
-    values = dict(FAN_OUT)
-    if any("{serving_R}" in p for v in stage["inputs"].values() for p in (v if isinstance(v, list) else [v])):
-        # the calibration's fitted sizes that serve the stage's fleet size
-        values["serving_R"] = calibration_sizes.serving_sizes(
-            CALIBRATION_R, int(config[stage["config"]]["R"])
-        )
     for key, value in stage["inputs"].items():
         patterns = value if isinstance(value, list) else [value]
         files, fanned = [], isinstance(value, list)
         for pattern in patterns:
             wildcards = {f for _, f, _, _ in string.Formatter().parse(pattern) if f} - {"results"}
             fanned = fanned or bool(wildcards)
-            files += expand(pattern, results=RESULTS, **{w: values[w] for w in wildcards})
+            files += expand(pattern, results=RESULTS, **{w: fan_out_values(stage, w) for w in wildcards})
         inputs[key] = files if fanned else files[0]
     return inputs
 
