@@ -588,7 +588,7 @@ def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
     """``critical_path``'s result for the template: each job's ``wall_s`` a ``TNum`` traced to
     ``provenance.wall_s`` of its artifact; ``seconds`` their sum and ``minutes`` that over 60, keeping
     the keys; ``n_jobs_total`` a traced count; ``work_s`` every job's wall time times its threads,
-    summed, each term traced. ``base``: as given to ``critical_path``."""
+    summed (``critical_path``'s). ``base``: as given to ``critical_path``."""
     if not path["jobs"]:
         raise ValueError("path: a critical path without jobs")
     jobs = []
@@ -600,14 +600,8 @@ def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
     total = TNum(path["n_jobs_total"], jobs[-1]["wall_s"]._src, "len(jobs the page's artifacts come from)")
     out = {"jobs": jobs, "seconds": seconds, "minutes": seconds / 60, "n_jobs_total": total}
     if path.get("work"):
-        terms = []
-        for w in path["work"]:
-            stage = w["stage"] if _PLAIN_KEY.fullmatch(w["stage"]) else "job"
-            src = _shown(Path(base) / w["path"])
-            terms.append(TNum(w["wall_s"], src, f"{stage}.provenance.wall_s")
-                         * TNum(w["threads"], src, f"{stage}.provenance.torch_threads"))
-        # one key for the sum (its terms, one per job, would make a key of some 70 terms)
-        out["work_s"] = TNum(functools.reduce(operator.add, terms).value, terms[0]._src,
+        # one key for the sum, over every job of the graph (a key per term would name some 70)
+        out["work_s"] = TNum(path["work_s"], _shown(Path(base) / path["work"][0]["path"]),
                              "(sum over the jobs of provenance.wall_s * provenance.torch_threads)")
     return out
 
