@@ -19,9 +19,10 @@ report: "workflow/report/workflow.rst"
 # common.smk coerces command-line overrides, validates the config and checks its cross-field rules.
 include: "workflow/rules/common.smk"
 # The stages' rules, generated from the stage registry workflow/stages.yaml, and the jobs that some
-# of them fan out into.
+# of them fan out into (the cost stage's two parts: cost.smk).
 include: "workflow/rules/fan_out.smk"
 include: "workflow/rules/stages.smk"
+include: "workflow/rules/cost.smk"
 
 
 # Rendering runs where Snakemake runs, also under an executor (SLURM).

@@ -556,8 +556,10 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
         job first: ``{"stage", "artifact", "path", "wall_s"}``; ``artifact`` relative to the roots'
         common folder, ``path`` relative to ``base`` where inside it, ``wall_s`` in s) and
         ``"n_jobs_total"`` (the jobs in the graph, the roots included); ``"work"`` (every job:
-        ``{"stage", "path", "wall_s", "threads"}``, the torch threads its provenance records) and
-        ``"work_s"``, their wall times times their threads summed (core-seconds).
+        ``{"stage", "path", "wall_s", "threads", "started_unix"}``, the torch threads and the start its
+        provenance records), ``"work_s"``, their wall times times their threads summed (core-seconds),
+        and ``"span_s"``, the first job's start to the last one's end (None where a job's start is not
+        recorded).
     :raises ValueError: no roots, a root that is not a job's artifact, or a cycle.
     """
     if not roots:
@@ -579,9 +581,13 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
     seconds = sum(job["wall_s"] for job in chain)
     # every job's work: its wall time times the torch threads it reserved
     work = [{"stage": str(prov.get("stage", n.stem)), "path": rel(n, base), "wall_s": prov["wall_s"],
-             "threads": int(prov.get("torch_threads") or 1)} for n, prov in sorted(jobs.items())]
+             "threads": int(prov.get("torch_threads") or 1), "started_unix": prov.get("started_unix")}
+            for n, prov in sorted(jobs.items())]
+    timed = all(isinstance(w["started_unix"], (int, float)) for w in work)
+    span_s = (max(w["started_unix"] + w["wall_s"] for w in work) - min(w["started_unix"] for w in work)
+              if timed else None)
     return {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs),
-            "work": work, "work_s": sum(w["wall_s"] * w["threads"] for w in work)}
+            "work": work, "work_s": sum(w["wall_s"] * w["threads"] for w in work), "span_s": span_s}
 
 
 def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
@@ -603,6 +609,10 @@ def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
         # one key for the sum, over every job of the graph (a key per term would name some 70)
         out["work_s"] = TNum(path["work_s"], _shown(Path(base) / path["work"][0]["path"]),
                              "(sum over the jobs of provenance.wall_s * provenance.torch_threads)")
+    if path.get("span_s") is not None:
+        out["span_s"] = TNum(path["span_s"], _shown(Path(base) / path["work"][0]["path"]),
+                             "(max over the jobs of provenance.started_unix + provenance.wall_s, "
+                             "less min of provenance.started_unix)")
     return out
 
 

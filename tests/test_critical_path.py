@@ -48,6 +48,18 @@ def test_a_diamond_takes_its_longer_branch(tmp_path):
     assert {(w["stage"], w["threads"]) for w in result["work"]} == {("prep", 1), ("fast", 2), ("slow", 1),
                                                                      ("merge", 1)}
     assert render.traced_critical_path(result, base=tmp_path)["work_s"].value == 41.5
+    assert result["span_s"] is None  # no job recorded its start
+    assert "span_s" not in render.traced_critical_path(result, base=tmp_path)
+
+
+def test_the_span_runs_from_the_first_job_to_start_to_the_last_to_end_parts_included(tmp_path):
+    # a part starts before every stage and the stage that ends last is not the one that started last
+    job(tmp_path, "parts/a.json", "part", 10.0, started_unix=100.0)
+    job(tmp_path, "b.json", "stage_b", 50.0, reads=("parts/a.json",), started_unix=112.0)
+    root = job(tmp_path, "c.json", "stage_c", 5.0, reads=("b.json",), started_unix=140.0)
+    result = render.critical_path([root], base=tmp_path)
+    assert result["span_s"] == 162.0 - 100.0
+    assert render.traced_critical_path(result, base=tmp_path)["span_s"].value == 62.0
 
 
 def test_a_non_json_output_leads_to_the_job_that_wrote_it(tmp_path):

@@ -198,7 +198,8 @@ def fixture_artifacts() -> dict[str, dict]:
 # own merge. At R = 8 CMA-ES overtakes the gradient by 10 t and the uniform policy is close to the
 # best; at R = 32 CMA-ES and TPE never reach the gradient, charged in full or not.
 FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval": 8, "budget_factor": 10,
-             "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_max_s": 400,
+             "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_methods": ["cmaes"],
+             "cover_calibration_max_s": 400,
              "p_init": 0.5, "p_init_ref_R": 8, "tx_init_dbm": 20.0, "hybrid_sigma0": 0.05,
              "random_per_round": 16,
              "models": [{"mode": "L1", "sends": "relaxed", "compile": True},
@@ -670,7 +671,7 @@ def test_fleet_opt_candidates_are_the_models_entries_of_choose_from():
         fleet_opt.candidates({**FLEET_CFG, "choose_from": [{"mode": "L1", "sends": "mean_field"}]})
 
 
-def test_fleet_opt_cmaes_covers_the_gradient_charged_in_full_where_asked():
+def test_fleet_opt_methods_cover_the_gradient_charged_in_full_where_asked():
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import fleet_opt
 
@@ -682,6 +683,9 @@ def test_fleet_opt_cmaes_covers_the_gradient_charged_in_full_where_asked():
     grad["calibration_cost"]["total_s"] = 900.0
     assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 402.0  # the cap, 400 s
     assert fleet_opt.blackbox_budget(FLEET_CFG, {**grad, "R": 8}, "cmaes") == 20.0  # not a covered size
+    both = {**FLEET_CFG, "cover_calibration_methods": ["cmaes", "tpe"]}
+    assert fleet_opt.blackbox_budget(both, grad, "tpe") == 402.0  # TPE asked too
+    assert fleet_opt.blackbox_budget(both, grad, "random") == 20.0  # not asked
 
 
 def test_fleet_opt_calibration_cost_reads_the_files_once_and_sums_per_model_list(tmp_path):
@@ -1242,6 +1246,56 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert [j.get("cache") for j in cpu[:len(first)]] == [c for _, c in first]
 
 
+def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage_order(monkeypatch, tmp_path):
+    """The threads part measures the table's rows at its E (1 and 2 threads, their autograd baselines)
+    and the compiled first calls; the serial part the comparisons that hold within themselves (L2-legacy's
+    slot loops, the speed-up at more batch sizes) and the large rollout; the merge orders the parts' rows
+    as one job would have."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    params = yaml.safe_load((REPO / PROFILES["full"]).read_text())["cost"]
+    jobs = cost._jobs(params, "cpu")
+    assert {j["part"] for j in jobs} == set(cost.PARTS)
+    for j in jobs:
+        in_table = j["E"] in params["E"] and not j.get("backend") and "T" not in j
+        assert j["part"] == ("threads" if in_table else "serial"), j
+    variants = {p: {cost._variant(j) for j in jobs if j["part"] == p} for p in cost.PARTS}
+    assert {"compiled, first call, cold cache", "per-slot autograd", "eager", "compiled",
+            "discrete"} <= variants["threads"]
+    assert {j["threads"] for j in jobs if j["part"] == "serial"} == {1}
+    assert {"discrete, eager slot loop", "discrete, numba slot loop",
+            "discrete, numba first call, cold cache"} <= variants["serial"]
+    assert {j["E"] for j in jobs if j["part"] == "serial" and j["kind"] == "relaxed"} == {
+        *[E for E in params["speedup_E"] if E not in params["E"]], params["large"]["E"]}
+
+    class Stage:
+        device = "cpu"
+
+        def write_json(self, path, payload):
+            written[path] = payload
+
+    written = {}
+    seen = []  # each part measures its own jobs, in the stage's order
+    monkeypatch.setattr(cost, "measure_in_child", lambda spec, *a, **k: seen.append(spec["job"]) or {
+        "forward_s": 1.0, "backward_s": 1.0, "first_call_s": 1.0, "import_s": 0.5, "first_forward_s": 1.0,
+        "first_backward_s": 1.0, "peak_rss_mib": 300.0})
+    monkeypatch.setattr(cost.torch.cuda, "is_available", lambda: False)
+    for p in cost.PARTS:
+        cost.main(Stage(), params, {"json": str(tmp_path / f"{p}.json")}, part=p)
+    assert sorted(seen) == list(range(len(jobs))) and seen != sorted(seen)  # all once, out of order
+    for p in cost.PARTS:
+        (tmp_path / f"{p}.json").write_text(json.dumps(written[str(tmp_path / f"{p}.json")]))
+    out = {"json": "cost.json", "parts": [str(tmp_path / f"{p}.json") for p in reversed(cost.PARTS)]}
+    cost.main(Stage(), params, out, part="merge")
+    table = written["cost.json"]["table"]
+    assert [(r["variant"], r["E"], r["threads"]) for r in table] == [
+        (cost._variant(j), j["E"], j["threads"]) for j in jobs]
+    assert not any("job" in r for r in table)
+    with pytest.raises(ValueError, match="part: expected one of serial, threads, merge or none"):
+        cost.main(Stage(), params, {}, part="gpu")
+
+
 def test_compile_pays_for_itself_after_the_rollouts_its_first_call_costs():
     """N rollouts with compile=True (first call, then steady ones) against N eager: the smallest N
     where compiling is no slower; never where the compiled rollout is not the faster."""
@@ -1279,11 +1333,11 @@ def test_first_calls_get_their_own_directories(monkeypatch):
     rows = []
     for cache in ("fresh", "cold", "warm", None):
         job = {"kind": "relaxed", "name": "QA", "E": 16, "compile": True, "threads": 1, "device": "cpu",
-               **({"cache": cache} if cache else {})}
+               "job": len(rows), **({"cache": cache} if cache else {})}
         cost._measure_job(job, {"R": 8, "T": 60}, {"timeout_s": 10}, dirs, rows, {})
     for cache in ("cold", "warm", None):
         job = {"kind": "discrete", "name": "L2-legacy", "E": 16, "compile": False, "threads": 1,
-               "device": "cpu", "backend": "numba", **({"cache": cache} if cache else {})}
+               "device": "cpu", "backend": "numba", "job": len(rows), **({"cache": cache} if cache else {})}
         cost._measure_job(job, {"R": 8, "T": 60}, {"timeout_s": 10}, dirs, rows, {})
     assert calls == [("fresh", "/f", "/t", None), ("cold", "/c", "/t", None), ("warm", "/c", "/t", None),
                      (None, "/c", None, None), ("cold", None, None, "/n"), ("warm", None, None, "/n"),

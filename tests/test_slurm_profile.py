@@ -140,13 +140,16 @@ def test_report_and_plots_render_locally(ci_dry_run):
     assert {j["rule"] for j in _jobs(ci_dry_run)} >= LOCAL_RULES
 
 
-def test_cost_reserves_its_largest_thread_count(ci_dry_run):
-    cfg = yaml.safe_load((REPO / CI_CONFIG).read_text())
-    want = max((cfg.get("cost") or {}).get("threads") or [1])
-    cost = [j for j in _jobs(ci_dry_run) if j["rule"] == "cost"]
-    if not cost:
-        pytest.skip("no cost rule in this workflow")
-    assert int(cost[0]["resources"]["cpus_per_task"]) >= want
+def test_cost_parts_reserve_their_thread_counts(ci_dry_run):
+    # the ci profile's cost.threads: its own, else the default config's
+    ci, default = (yaml.safe_load((REPO / f).read_text()) for f in (CI_CONFIG, "config/config.yaml"))
+    want = max((ci.get("cost") or {}).get("threads") or default["cost"]["threads"])
+    parts = {j["rule"].removeprefix("cost_"): j for j in _jobs(ci_dry_run) if j["rule"].startswith("cost_")}
+    assert set(parts) == {"serial", "threads"}
+    assert want >= 2 and int(parts["threads"]["resources"]["cpus_per_task"]) == want
+    assert int(parts["serial"]["resources"]["cpus_per_task"]) == 1
+    merge = [j for j in _jobs(ci_dry_run) if j["rule"] == "cost"]
+    assert len(merge) == 1 and int(merge[0]["resources"]["cpus_per_task"]) == 1
 
 
 def test_gpu_profile_is_the_base_profile_plus_gpus():

@@ -18,6 +18,9 @@ temporary directory too ("fresh machine": nothing of the compiler kept anywhere)
 warm ones then share that temporary directory, which now holds the header: they do not depend on
 what this machine compiled before either.
 
+The pipeline measures in two jobs (``part``: ``serial`` and ``threads``, see ``_jobs``) and merges
+their rows (``merge``); without a part, one job measures every row.
+
 Each measurement runs in a fresh process (``cost.py --measure SPEC``) with a time limit,
 so that a slow ``torch.compile`` is recorded as timed out instead of holding the stage,
 and so that its peak RSS (``resource.getrusage``) and, on CUDA, its peak allocated memory
@@ -210,47 +213,55 @@ def measure_in_child(spec: dict, timeout_s: float, cache_dir: str | None = None,
 
 def _jobs(params: dict, device: str) -> list[dict]:
     """The measurements of one device: relaxed (each mode, compile, threads), the plain
-    autograd baselines (eager, one thread), the discrete levels and the large rollout."""
+    autograd baselines (eager, one thread), the discrete levels and the large rollout; each with the
+    part (``PARTS``) that measures it: ``threads``, on an otherwise idle box, the table's rows at the
+    E of ``params["E"]`` (threads side by side, against their autograd baselines) and the compiled
+    first calls; ``serial``, on one core, the comparisons that hold within themselves (L2-legacy's
+    slot loops, the speed-up at more batch sizes) and the large rollout."""
     threads = params["threads"] if device == "cpu" else [1]
     warmup = params.get("warmup")
     jobs = []
+
+    def add(part: str, group: list) -> None:
+        jobs.extend({**j, "part": part} for j in group)
+
     l2 = params.get("l2_backends") if params["l2_legacy"] and device == "cpu" else None
     if l2:  # L2-legacy's numba kernel, first with the stage's numba cache empty, then warm
-        jobs += [{"kind": "discrete", "name": "L2-legacy", "E": l2["first_call_E"], "compile": False,
-                  "threads": 1, "backend": "numba", "cache": cache} for cache in ("cold", "warm")]
+        add("serial", [{"kind": "discrete", "name": "L2-legacy", "E": l2["first_call_E"], "compile": False,
+                        "threads": 1, "backend": "numba", "cache": cache} for cache in ("cold", "warm")])
     if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
-        jobs += [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
-                  "cache": cache} for m in params["modes"] for cache in FIRST_CALLS]
-    jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th}
-             for E in params["E"] for m in params["modes"] for c in params["compile"] for th in threads]
+        add("threads", [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
+                         "cache": cache} for m in params["modes"] for cache in FIRST_CALLS])
+    add("threads", [{"kind": "relaxed", "name": m, "E": E, "compile": c, "threads": th} for E in params["E"]
+                    for m in params["modes"] for c in params["compile"] for th in threads])
     # Autograd through every op (L1D: every slot, the baseline design; QAD: the step's ops)
     # against the default eager, whose slot loop (L1D) and step (QAD) are nodes with hand-written backwards.
-    jobs += [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1, "slots": "autograd"}
-             for E in params["E"] for m in params["modes"]]
+    add("threads", [{"kind": "relaxed", "name": m, "E": E, "compile": False, "threads": 1,
+                     "slots": "autograd"} for E in params["E"] for m in params["modes"]])
     # The speed-up at more batch sizes: L1D per-slot autograd, eager and compiled, one thread; QAD's
     # fused rollout node eager against compile=True's (its forward compiled).
     extra = [E for E in params.get("speedup_E", []) if E not in params["E"]]
-    jobs += [{"kind": "relaxed", "name": "L1", "E": E, "compile": c, "threads": 1,
-              "repeats": params["speedup_repeats"], **({"slots": "autograd"} if slots else {})}
-             for E in extra for c, slots in ((False, True), (False, False), (True, False))
-             if c in params["compile"]]
-    jobs += [{"kind": "relaxed", "name": "QA", "E": E, "compile": c, "threads": 1,
-              "repeats": params["speedup_repeats"]} for E in extra for c in params["compile"]
-             if "QA" in params["modes"]]
+    add("serial", [{"kind": "relaxed", "name": "L1", "E": E, "compile": c, "threads": 1,
+                    "repeats": params["speedup_repeats"], **({"slots": "autograd"} if slots else {})}
+                   for E in extra for c, slots in ((False, True), (False, False), (True, False))
+                   if c in params["compile"]])
+    add("serial", [{"kind": "relaxed", "name": "QA", "E": E, "compile": c, "threads": 1,
+                    "repeats": params["speedup_repeats"]} for E in extra for c in params["compile"]
+                   if "QA" in params["modes"]])
     levels = list(params["modes"]) + (["L2-legacy"] if params["l2_legacy"] else [])
-    jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
-             for E in params["E"] for lv in levels for th in threads]
+    add("threads", [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": th}
+                    for E in params["E"] for lv in levels for th in threads])
     # L2-legacy's slot loops side by side: eager torch ops and the numba kernel, one thread.
     if l2:
-        jobs += [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
-                  "backend": b} for E in l2["E"] for b in L2_BACKENDS]
+        add("serial", [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
+                        "backend": b} for E in l2["E"] for b in L2_BACKENDS])
     if device == "cuda":  # the captured step of the levels that have one
-        jobs += [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
-                  "backend": "cuda_graph"} for E in params["E"] for lv in levels if lv != "L2-legacy"]
+        add("threads", [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
+                         "backend": "cuda_graph"} for E in params["E"] for lv in levels if lv != "L2-legacy"])
     large = params.get("large")
     if large:
-        jobs.append({"kind": "relaxed", "name": "L1", "E": large["E"], "T": large["T"], "compile": False,
-                     "threads": 1, "repeats": 1})
+        add("serial", [{"kind": "relaxed", "name": "L1", "E": large["E"], "T": large["T"], "compile": False,
+                        "threads": 1, "repeats": 1}])
     return [{**j, "device": device} for j in jobs]
 
 
@@ -338,13 +349,46 @@ def _l2_rows(rows: list, params: dict, T: int) -> tuple[list, dict | None]:
     return side, first
 
 
-def main(stage, params: dict, out: dict) -> None:
-    """Wall time and memory of relaxed and discrete rollouts."""
-    common = {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
-              "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
-              "seed": params["seed"]}
+# The stage's measuring parts, each a job of its own (rules cost_serial, cost_threads), merged by the
+# stage's job (``_jobs`` says which part measures a row): ``threads`` reserves every core the stage
+# sweeps and runs alone, ``serial`` one core, beside the pipeline's other one-core jobs.
+PARTS = ("serial", "threads")
+
+
+def _common(params: dict) -> dict:
+    """The settings every measurement shares."""
+    return {"R": params["R"], "T": params["T"], "tau": float(params["tau"]), "dtype": params["dtype"],
+            "p": params["p"], "sizes_bytes": params["sizes_bytes"], "repeats": params["repeats"],
+            "seed": params["seed"]}
+
+
+def main(stage, params: dict, out: dict, part: str | None = None) -> None:
+    """Wall time and memory of relaxed and discrete rollouts. ``part``: one of ``PARTS`` (its rows,
+    to ``out["json"]``), ``merge`` (the parts' rows, ``out["parts"]``, as the stage's artifact) or
+    None (every row, in this job)."""
+    if part == "merge":
+        parts = [json.loads(open(path).read()) for path in out["parts"]]
+        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r.pop("job"))
+        unavailable = {k: v for p in parts for k, v in p["unavailable"].items()}
+        devices = list(dict.fromkeys(d for p in parts for d in p["devices"]))
+        _summarise(stage, params, _common(params), devices, rows, unavailable, out)
+        return
+    if part not in (None, *PARTS):
+        raise ValueError(f"part: expected one of {', '.join(PARTS)}, merge or none, got {part!r}")
     devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
-    jobs = [j for dev in devices for j in _jobs(params, dev)]
+    jobs = [{**j, "job": i} for i, j in enumerate(j for dev in devices for j in _jobs(params, dev))]
+    rows, unavailable = _measure_all([j for j in jobs if part is None or j["part"] == part], params)
+    if part is None:
+        for r in rows:
+            del r["job"]
+        _summarise(stage, params, _common(params), devices, rows, unavailable, out)
+    else:  # the job index orders the merged table as one job would have
+        stage.write_json(out["json"], {"part": part, "rows": rows, "unavailable": unavailable,
+                                       "devices": devices})
+
+
+def _measure_all(jobs: list, params: dict) -> tuple[list, dict]:
+    """Every job's row (``_measure_job``), in order, with the discrete levels that failed."""
     rows, unavailable = [], {}
     # per model: the cache directory of the cold, warm and steady rows, the fresh machine's, and the
     # temporary directory of the first calls (the fresh machine builds inductor's header into it)
@@ -355,11 +399,11 @@ def main(stage, params: dict, out: dict) -> None:
         for job in tqdm(jobs, desc="cost", mininterval=2.0):
             if job["name"] in unavailable and job["kind"] == "discrete":
                 continue
-            _measure_job(job, common, params, dirs, rows, unavailable)
+            _measure_job(job, _common(params), params, dirs, rows, unavailable)
     finally:
         for d in (d for model in dirs.values() for d in model.values()):
             shutil.rmtree(d, ignore_errors=True)
-    _summarise(stage, params, common, devices, rows, unavailable, out)
+    return rows, unavailable
 
 
 def _measure_job(job: dict, common: dict, params: dict, dirs: dict, rows: list, unavailable: dict) -> None:
@@ -379,7 +423,7 @@ def _measure_job(job: dict, common: dict, params: dict, dirs: dict, rows: list, 
             return
     rows.append({"model": model, "variant": _variant(job), "device": job["device"], "E": job["E"],
                  "R": spec["R"], "T": spec["T"], "compile": job["compile"], "threads": job["threads"],
-                 **r, "available": "error" not in r})
+                 **r, "available": "error" not in r, "job": job["job"]})
 
 
 def _summarise(stage, params: dict, common: dict, devices: list, rows: list, unavailable: dict,

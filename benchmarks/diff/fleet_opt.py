@@ -11,10 +11,10 @@ Three parts, one per rule (``params.part``):
   choice, and that sum is the budget unit ``t_grad`` of the fleet size. Also the calibration's own
   cost (the L2-legacy targets' wall time and the candidates' fit times, from the calibrate stage).
 * ``blackbox-<R>-<method>`` (rule ``fleet_opt_blackbox``; cmaes, tpe, random, hybrid): one method on
-  the level with the wall budget ``budget_factor x t_grad`` (CMA-ES at the sizes of
-  ``cover_calibration_R``: at least ``t_grad`` plus the calibration's time, so that the gradient's
-  comparison charged in full is measured). The hybrid starts at the chosen gradient's solution,
-  charged for it.
+  the level with the wall budget ``budget_factor x t_grad`` (the methods of
+  ``cover_calibration_methods`` at the sizes of ``cover_calibration_R``: at least ``t_grad`` plus
+  the calibration's time, so that the gradient's comparisons charged in full are measured). The
+  hybrid starts at the chosen gradient's solution, charged for it.
 * ``merge`` (rule ``fleet_opt``): the traces sliced at the budgets (``budgets`` x ``t_grad``, and
   x each model's own wall time), the paired differences, the comparisons charged in full, the
   break-even, the uniform policy against the best per-robot solution, the targets, and the figure.
@@ -267,7 +267,8 @@ def blackbox_budget(params: dict, grad: dict, method: str) -> float:
     """The wall budget of ``method`` at the gradient job's fleet size, s."""
     budget = float(params["budget_factor"]) * grad["t_grad_s"]
     cal = grad["calibration_cost"]["total_s"]
-    if method == "cmaes" and grad["R"] in params.get("cover_calibration_R", []) and cal is not None:
+    covers = method in params["cover_calibration_methods"] and grad["R"] in params["cover_calibration_R"]
+    if covers and cal is not None:
         # at least the gradient's time plus the calibration's (the comparison charged in full), the
         # calibration's part up to a cap that keeps the profile's length bounded (beyond it the
         # comparison reads "not measured")
@@ -627,6 +628,8 @@ def merge_payload(grads: list, boxes: list, params: dict) -> dict:
     return {
         "summary": summary,
         "baselines": list(BASELINES),
+        # the methods that ran through the calibration's time at cover_calibration_R
+        "cover_calibration": [BLACKBOX[m] for m in params["cover_calibration_methods"]],
         "classes": classes,
         "table": rows,
         "comparisons": comps,

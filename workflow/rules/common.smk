@@ -195,9 +195,10 @@ PAGE_FIGURES = [f"{FIGURES_DIR}/{f.rsplit(_SLASH, 1)[-1]}" for f in STAGE_FIGURE
 
 # Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
 # The longest one-core chain first: the calibration and the neural proxy, which opt_rates (the
-# longest single job) reads, then the other studies; the cost stage, which reserves every core it
-# sweeps, last: on 2 cores it then runs alone (its timings undisturbed) instead of holding back
-# the studies while the one-core jobs wait for a second free core.
+# longest single job) reads, then the other studies and the cost stage's serial part (one core);
+# the cost stage's threads part last: it reserves every core it sweeps and then runs alone (its
+# timings undisturbed) instead of holding back the studies while the one-core jobs wait for a
+# second free core.
 PRIORITY = {
     "calibrate": 100,
     "nn_proxy": 100,
@@ -205,6 +206,7 @@ PRIORITY = {
     "placement": 80,
     "fleet_opt": 75,
     "sensitivity": 70,
+    "cost_serial": 60,
     "checks": 10,
     "cost": 0,
 }
@@ -277,7 +279,10 @@ FLEET_OPT_OWN_MODELS = [
 ]
 # ... and the neural proxy, fitted in its own job per size (when configured).
 FLEET_OPT_PROXY = ["proxy"] if config["fleet_opt"].get("proxy") else []
+# The cost stage's measuring parts (benchmarks/diff/cost.py PARTS; rules cost_<part>).
+COST_PARTS = ["serial", "threads"]
 FAN_OUT = {
+    "cost_part": COST_PARTS,
     "model": CALIBRATION_MODELS,
     "op": SENSITIVITY_OPS,
     "sweep_R": [CALIBRATION_REF_R],
@@ -321,8 +326,5 @@ def stage_output(name):
 
 
 def stage_threads(stage):
-    """A stage rule's threads: its entry's number; for `swept` the most of its section's `threads`
-    (the stage sweeps torch threads itself); by default the config's `threads`."""
-    if stage["threads"] == "swept":
-        return max(config[stage["config"]]["threads"])
+    """A stage rule's threads: its entry's number, by default the config's `threads`."""
     return config["threads"] if stage["threads"] is None else stage["threads"]

@@ -125,6 +125,7 @@ FLEET_OPT_MERGE_KEYS = ["budgets", "n_boot", "targets"]
 FLEET_OPT_BLACKBOX_KEYS = [
     "budget_factor",
     "cover_calibration_R",
+    "cover_calibration_methods",
     "hybrid_sigma0",
     "random_per_round",
     "tpe_trials_per_round",
