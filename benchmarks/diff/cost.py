@@ -368,10 +368,11 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     None (every row, in this job)."""
     if part == "merge":
         parts = [json.loads(open(path).read()) for path in out["parts"]]
-        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r.pop("job"))
+        # the job index orders the merged table as one job would have
+        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["job"])
         unavailable = {k: v for p in parts for k, v in p["unavailable"].items()}
         devices = list(dict.fromkeys(d for p in parts for d in p["devices"]))
-        _summarise(stage, params, _common(params), devices, rows, unavailable, out)
+        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out)
         return
     if part not in (None, *PARTS):
         raise ValueError(f"part: expected one of {', '.join(PARTS)}, merge or none, got {part!r}")
@@ -379,17 +380,20 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     jobs = [{**j, "job": i} for i, j in enumerate(j for dev in devices for j in _jobs(params, dev))]
     rows, unavailable = _measure_all([j for j in jobs if part is None or j["part"] == part], params)
     if part is None:
-        for r in rows:
-            del r["job"]
-        _summarise(stage, params, _common(params), devices, rows, unavailable, out)
-    else:  # the job index orders the merged table as one job would have
+        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out)
+    else:
         stage.write_json(out["json"], {"part": part, "rows": rows, "unavailable": unavailable,
                                        "devices": devices})
 
 
+def _unindexed(rows: list) -> list:
+    """The table's rows without the job index that orders the parts' rows."""
+    return [{k: v for k, v in r.items() if k != "job"} for r in rows]
+
+
 def _measure_all(jobs: list, params: dict) -> tuple[list, dict]:
     """Every job's row (``_measure_job``), in order, with the discrete levels that failed."""
-    rows, unavailable = [], {}
+    rows, unavailable, common = [], {}, _common(params)
     # per model: the cache directory of the cold, warm and steady rows, the fresh machine's, and the
     # temporary directory of the first calls (the fresh machine builds inductor's header into it)
     dirs = {m: {d: tempfile.mkdtemp(prefix=f"isaac_cost_{d}_{m}_") for d in ("cache", "fresh", "tmp")}
@@ -399,7 +403,7 @@ def _measure_all(jobs: list, params: dict) -> tuple[list, dict]:
         for job in tqdm(jobs, desc="cost", mininterval=2.0):
             if job["name"] in unavailable and job["kind"] == "discrete":
                 continue
-            _measure_job(job, _common(params), params, dirs, rows, unavailable)
+            _measure_job(job, common, params, dirs, rows, unavailable)
     finally:
         for d in (d for model in dirs.values() for d in model.values()):
             shutil.rmtree(d, ignore_errors=True)
