@@ -27,17 +27,23 @@ def fitted():
 
 
 def test_candidates_through_the_inputs_equal_the_constants():
-    """The coarse grid's shortcut: bytes / rate_factor and SNR + offset give the KPIs of the constants."""
+    """The fit's shortcut: bytes / rate_factor and SNR + offset give the KPIs of the constants (the
+    model run on the cell with them, not through model_kpis), also on top of a cfg's own constants."""
+    from isaac_net.core.diff.calibrate.evaluate import _rollout_kpis
+
     prob = calibrate.problem(GRID, R=4, envs=2, T=10, warmup=2, seed=3, dtype=torch.float64)
     for mode in ("L1", "QA"):
         cfg = dataclasses.replace(CellConfig(), **{calibrate.sr_field(mode): 8})
         batched = calibrate.model_kpis(mode, "relaxed", prob, cfg, tau=0.05, lam=0.1,
                                        candidates=[(1.0, 0.0), (0.6, -4.0)])
-        exact = calibrate.model_kpis(mode, "relaxed", prob, dataclasses.replace(cfg, rate_factor=0.6,
-                                                                                 snr_offset_db=-4.0),
-                                     tau=0.05, lam=0.1)
+        stacked = calibrate.model_kpis(mode, "relaxed", prob, dataclasses.replace(cfg, rate_factor=0.75,
+                                                                                   snr_offset_db=1.0),
+                                       tau=0.05, lam=0.1, candidates=[(0.8, -5.0)])
+        with_constants = dataclasses.replace(cfg, rate_factor=0.6, snr_offset_db=-4.0)
+        exact = _rollout_kpis(mode, "relaxed", prob, with_constants, prob.p, tau=0.05, lam=0.1)
         for k in calibrate.TARGET_KPIS:
-            torch.testing.assert_close(batched[k][1], exact[k][0], rtol=1e-6, atol=1e-9)
+            torch.testing.assert_close(batched[k][1], exact[k], rtol=1e-6, atol=1e-9)
+            torch.testing.assert_close(stacked[k][0], exact[k], rtol=1e-6, atol=1e-9)
             assert not torch.allclose(batched[k][0], batched[k][1])  # the candidates do differ
 
 
@@ -56,6 +62,29 @@ def test_fit_recovers_constants_from_a_calibrated_fluid_target():
     assert cal.heldout_loss is None
     assert cal.tau == 0.05 and cal.setup["search"]["tau"] == [0.05]  # no temperatures to search: the fit's
     assert cal.qa_snr_req_db is None and "qa_snr_req_db" not in cal.constants  # not searched: the cell's
+
+
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.xdist_group(f"compiled-{m}"))
+                                  for m in ("L1", "QA")])
+def test_fit_compiled_chooses_what_the_eager_fit_chooses(mode):
+    """compile=True runs the same losses to float rounding: the same latency floor and temperature,
+    the constants and losses of the eager fit, and the setup says it was compiled."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, **{calibrate.sr_field(mode): 16})
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis(mode, "relaxed", prob,
+                                                       dataclasses.replace(CellConfig(), **truth),
+                                                       tau=0.1, lam=0.1).items()}
+    kw = {**TINY, "envs": 2, "search": {**TINY["search"], "tau": (0.05, 0.1)}}
+    eager = calibrate.fit(mode, "relaxed", grid=GRID, targets=target, **kw)
+    compiled = calibrate.fit(mode, "relaxed", grid=GRID, targets=target, compile=True, **kw)
+    assert (compiled.sr_slots, compiled.tau) == (eager.sr_slots, eager.tau) == (16, 0.1)
+    assert compiled.rate_factor == pytest.approx(eager.rate_factor, rel=1e-3)
+    assert compiled.snr_offset_db == pytest.approx(eager.snr_offset_db, abs=1e-2)
+    assert compiled.train_loss == pytest.approx(eager.train_loss, abs=1e-4)
+    assert compiled.uncalibrated_train_loss == pytest.approx(eager.uncalibrated_train_loss, rel=1e-5)
+    assert compiled.setup["compile"] is True and eager.setup["compile"] is False
+    with pytest.raises(TypeError, match="compile"):
+        calibrate.fit(mode, "relaxed", grid=GRID, targets=target, compile="yes", **kw)
 
 
 def test_fit_chooses_the_temperature_and_snr_requirement_of_the_target():

@@ -119,7 +119,7 @@ def _fit_kwargs(params: dict) -> dict:
     return dict(area_m=params["area_m"], envs=int(params["envs"]), T=int(params["T"]),
                 warmup=int(params["warmup"]), seed=int(params["seed"]), lam=float(params["lam"]),
                 cfg=cell_config(params.get("cell", {})), slope_weight=float(params["slope_weight"]),
-                model_robots=int(params["model_robots"]))
+                model_robots=int(params["model_robots"]), compile=bool(params["compile"]))
 
 
 def fit_size(stage, params: dict, out: dict, part: str) -> None:
@@ -175,7 +175,8 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     # Each at its own temperature: the plain model at the studies', the calibrated one at its fitted.
     cal = fc.at(ref)
     for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
-        k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]))
+        k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]),
+                                 compile=bool(params["compile"]))
         curves[name] = {kk: v[0].tolist() for kk, v in k.items()}
     # A calibration file of its own (Calibration.load reads it); its fit time the sizes' (each
     # continued from its neighbour's: what a user pays for the model at every size).
@@ -217,7 +218,7 @@ def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:
             "all_improve_heldout": all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in fleet),
             "all_gradients_stable": all(r["gradient_check"]["stable"] for r in fleet),
             "floors_rejected": sum(len(r["gradient_check"]["rejected"]) for r in fleet),
-            "max_wall_fit_s": max(f["wall_fit_s"] for f in fits)}
+            "max_wall_fit_s": max(f["wall_fit_s"] for f in fits), "compiled": bool(params["compile"])}
 
 
 def merge(stage, params: dict, out: dict) -> None:

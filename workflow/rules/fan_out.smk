@@ -16,7 +16,8 @@ rule calibrate_targets:
         json=f"{CALIBRATION_DIR}/targets_{{set}}_R{{R}}.json",
     params:
         **stage_params(
-            "calibrate", drop=["search", "modes", "sends", "tau", "lam", "model_robots", "slope_weight"]
+            "calibrate",
+            drop=["search", "modes", "sends", "tau", "lam", "model_robots", "slope_weight", "compile"],
         ),
         part=lambda wc: f"targets-{wc.set}-{wc.R}",
     wildcard_constraints:

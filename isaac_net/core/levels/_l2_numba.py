@@ -653,8 +653,9 @@ def constants(level) -> dict:
               "olla_max_db": l2.olla_max_db, "pf_weight": 1.0 - l2.pf_beta,
               "sr_grant_bytes": l2.sr_grant_bytes,
               "avg_floor": 1e-3, "sinr_floor_lin": 1e-30, "ten": 10.0}
-    # ATen's SIMD width (its sums add lane by lane): 512 bits with AVX-512, 256 otherwise.
-    lanes = (64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32) // dt.itemsize
+    # ATen's SIMD width in its sum (lanes added lane by lane): 256 bits, on AVX-512 machines too (the
+    # sum kernel is registered without an AVX-512 variant, so ATen runs its AVX2 one there).
+    lanes = 32 // dt.itemsize
     ints = {"num_slots": cfg.num_slots, "harq_rtt": l2.harq_rtt_slots, "k2": l2.k2_slots,
             "rlc_ring": l2.rlc_delay_slots + 1, "rlc_delay": l2.rlc_delay_slots,
             "harq_max_tx": l2.harq_max_tx,

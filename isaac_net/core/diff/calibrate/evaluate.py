@@ -4,6 +4,7 @@ candidates' constants batched through the inputs) and the check that its gradien
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -24,22 +25,30 @@ KPI_FLOOR = 0.1  # the gradient check's error is |autograd - FD| / (|FD| + KPI_F
 
 
 def model_kpis(
-    mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float, candidates=None
+    mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float, candidates=None,
+    compile: bool = False,
 ) -> dict:
     """KPIs ``{kpi: [n_cand, n_points]}`` of the model at each point, forward only.
 
     ``candidates``: ``[(rate_factor, snr_offset_db)]`` applied exactly through the inputs
     (bytes ``B / rate_factor``, SNR ``snr_db + offset`` with the energy at the true power) in one
-    batched rollout on top of ``cfg``; None: ``cfg`` alone (one candidate).
+    batched rollout on top of ``cfg``; None: ``cfg`` alone (one candidate). ``cfg``'s own capacity
+    factor and SNR offset go through the inputs too (combined with each candidate's), so every
+    candidate and set of constants with one latency floor runs one model config. ``compile``: the
+    model's compiled step (``DiffFluid(compile=True)``; the same KPIs to float rounding; it is
+    compiled once per model config, so the constants fitted by Nelder-Mead cost no new compile).
     """
-    cands = [(1.0, 0.0)] if candidates is None else list(candidates)
+    # (the cfg's constants times / plus each candidate's, then the cfg without them)
+    cands = [(cfg.rate_factor * eta, cfg.snr_offset_db + off)
+             for eta, off in ([(1.0, 0.0)] if candidates is None else candidates)]
+    cfg = dataclasses.replace(cfg, rate_factor=1.0, snr_offset_db=0.0)
     n = len(cands)
     dt = prob.p.dtype
     eta = torch.tensor([c[0] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
     off = torch.tensor([c[1] for c in cands], dtype=dt).repeat_interleave(prob.p.shape[0]).unsqueeze(-1)
     snr = radio.snr_db(prob.pos, prob.tx_dbm, cfg).repeat(n, 1) + off
     E, R = snr.shape
-    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=dt)
+    net = DiffFluid(E, R, "cpu", mode=mode, tau=tau, cfg=cfg, dtype=dt, compile=compile)
     with torch.no_grad():
         res = rollout(
             net,

@@ -249,13 +249,15 @@ def fit_fleet(mode: str, sends: str, *, sizes, ref_R: int, grids: dict, heldouts
 
 def size_losses(fc: FleetCalibration, *, ref_R: int, grids: dict, targets: dict, model_robots: int = 32,
                 envs: int = 16, area_m=(40.0, 140.0), T: int = 60, warmup: int = 10, seed: int = 0,
-                lam: float = 0.1, slope_weight: float = SLOPE_WEIGHT, cfg: CellConfig | None = None) -> list:
+                lam: float = 0.1, slope_weight: float = SLOPE_WEIGHT, cfg: CellConfig | None = None,
+                compile: bool = False) -> list:
     """The training loss at each fitted size of the ways to serve it (the forms compared in
     docs/design.md): ``own``, the size's own fit; ``ref``, the reference size's constants (one
     calibration for every size); ``line``, a least-squares line in log R through every size's
     constants (a parametric form, :func:`_log_linear`); ``between``, for a size with fitted sizes
     on both sides, the constants interpolated between those two (how well interpolation serves a
-    size it has not seen; None at the ends). ``grids``/``targets`` as :func:`fit_fleet`'s.
+    size it has not seen; None at the ends). ``grids``/``targets`` as :func:`fit_fleet`'s;
+    ``compile`` as :func:`fit`'s.
 
     :output: ``[{"R", "own", "ref", "line", "between"}]`` in ascending ``R``.
     """
@@ -268,7 +270,7 @@ def size_losses(fc: FleetCalibration, *, ref_R: int, grids: dict, targets: dict,
 
         def loss_of(c: Calibration, part=part, pairs=pairs, R=R) -> float:
             cell = dataclasses.replace(cfg, **c.constants)
-            k = model_kpis(fc.mode, fc.sends, part, cell, tau=c.tau, lam=lam)
+            k = model_kpis(fc.mode, fc.sends, part, cell, tau=c.tau, lam=lam, compile=compile)
             return float(loss(k, targets[R], pairs, slope_weight)[0])
 
         between = (loss_of(_interpolated(fc.fits[i - 1], fc.fits[i + 1], R))
