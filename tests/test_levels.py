@@ -1,5 +1,6 @@
 """The discrete levels L1 and QA against hand-computed cases and invariants (docs/design.md §2)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -294,6 +295,35 @@ def test_every_level_runs_on_cuda_in_float32(level, device="cuda"):
             torch.testing.assert_close(gpu[key], cpu[key], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("seed", [5, 11])
+def test_l2_legacy_on_cuda_gives_the_cpu_events_from_the_same_draws(seed, device="cuda"):
+    """L2-legacy's eager step on CUDA against the CPU's, float64, from the CPU level's start and each
+    step's random numbers drawn on the CPU and passed to both (the devices' generators differ): the
+    same events, the same counters, delay sums and energy to 1e-9."""
+    s = random_scenario(seed)
+    nets = {dev: _eager("L2-legacy", s) if dev == "cpu" else make_engine(
+        "L2-legacy", s.E, s.R, dev, cfg=s.cfg, dtype=F64, seed=0, backend="eager") for dev in ("cpu", device)}
+    # The start too (the fading ring is drawn when the level is built).
+    nets[device].load_device_state({k: v.to(device) for k, v in nets["cpu"].device_state().items()})
+    tot = {dev: {} for dev in nets}
+    for t in range(s.T):
+        draws = nets["cpu"].draw()
+        for dev, net in nets.items():
+            sd = s.to(F64, dev)
+            inputs = net.checked_inputs((sd.u[t] < sd.p).to(F64), sd.B, snr_db=sd.snr_db,
+                                        deadline=sd.deadline)
+            with torch.no_grad():
+                k = net._step(*inputs, draws=tuple(x.to(dev) for x in draws))
+            for key, v in k.items():
+                tot[dev][key] = tot[dev].get(key, 0) + v.cpu()
+    for key in tot["cpu"]:
+        torch.testing.assert_close(tot[device][key], tot["cpu"][key], rtol=1e-9, atol=1e-9)
+    for key, x in nets["cpu"].counters.items():
+        assert torch.equal(nets[device].counters[key].cpu(), x), key
+    assert float(tot["cpu"]["delivered"].sum()) > 0
+
+
 # ----------------------------------------------------------------------------- cuda_graph
 class Replayer:
     """Stand-in for ``graphed.CudaGraphs`` on the CPU: "replay" runs the recorded step again and
@@ -315,17 +345,23 @@ class Replayer:
         return replay, out
 
 
-@pytest.mark.parametrize("level", ["L1", "QA"])
+def _eager(level, s, dtype=F64, **kwargs):
+    return make_engine(level, s.E, s.R, cfg=s.cfg, dtype=dtype, seed=0, backend="eager", **kwargs)
+
+
+@pytest.mark.parametrize("level", ["L1", "QA", "L2-legacy"])
 def test_graphed_step_keeps_its_state_in_static_buffers(level):
     """The capture/replay logic of backend "cuda_graph" (static inputs, state copied back over
-    what the step read, warm-up undone, reset written in place), on the CPU: equal to eager."""
+    what the step read, warm-up undone, reset written in place, the draws passed in), on the CPU:
+    equal to eager."""
     s = random_scenario(6)
-    eager = _totals_on(level, s, "cpu", F64, reset_at=7)
-    net = CudaGraphLevel(make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64, seed=0), graphs=Replayer)
+    eager = _totals_on(level, s, "cpu", F64, engine=_eager(level, s), reset_at=7)
+    net = CudaGraphLevel(_eager(level, s), graphs=Replayer)
     graphed = _totals_on(level, s, "cpu", F64, engine=net, reset_at=7)
     for key in eager:
         torch.testing.assert_close(graphed[key], eager[key], rtol=0, atol=0)
     assert net.t == s.T and float(eager["delivered"].sum()) > 0
+    assert net.num_graphs == len({net.graph_phase(t) for t in range(s.T)})
     # The KPIs handed out are copies: the next replay does not overwrite them.
     sd = s.to(F64, "cpu")
     k1 = net.step(torch.ones(s.E, s.R, dtype=F64), sd.B, snr_db=sd.snr_db)
@@ -334,47 +370,87 @@ def test_graphed_step_keeps_its_state_in_static_buffers(level):
     assert all(torch.equal(k1[key], before[key]) for key in k1)
 
 
-@pytest.mark.parametrize("level", ["L1", "QA"])
-def test_capturable_step_has_no_host_sync_and_no_python_counter(level):
+@pytest.mark.parametrize(("level", "seed"), [("L1", 7), ("QA", 7), ("L2-legacy", 7), ("L2-legacy", 8)])
+def test_capturable_step_has_no_host_sync_and_no_python_counter(level, seed):
     """What capture needs, checked without a GPU: the step runs on fake tensors (any
-    ``.item()``, ``bool(tensor)`` or ``nonzero`` would raise), and its arithmetic does not read
-    the Python step counter (scrambling it changes nothing)."""
+    ``.item()``, ``bool(tensor)`` or ``nonzero`` would raise), and its arithmetic reads the
+    Python step counter only through its phase (moving it by whole periods changes nothing;
+    L1 and QA have one phase, any value)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    s = random_scenario(7)
-    net = make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64)
+    s = random_scenario(seed)
+    net = _eager(level, s)
     assert net.capturable
+    net.prepare_capture()
     sd = s.to(F64, "cpu")
     inputs = net.checked_inputs(torch.ones(s.E, s.R, dtype=F64), sd.B, snr_db=sd.snr_db, deadline=sd.deadline)
+    draws = net.draw()
+    _eager(level, s).step(*inputs[:3], tx_dbm=inputs[3])  # lazy tables made for real, as a capture's warm-up
     with FakeTensorMode(allow_non_fake_inputs=True):
-        net._step(*inputs)
-    reference = _totals_on(level, s, "cpu", F64)
-    scrambled = make_engine(level, s.E, s.R, cfg=s.cfg, dtype=F64, seed=0)
+        net._step(*inputs, draws=draws)
+    reference = _totals_on(level, s, "cpu", F64, engine=_eager(level, s))
+    scrambled = _eager(level, s)
+    scrambled.prepare_capture()
     scrambled.step = _scrambling_step(scrambled)
     out = _totals_on(level, s, "cpu", F64, engine=scrambled)
     for key in reference:
         torch.testing.assert_close(out[key], reference[key], rtol=0, atol=0)
 
 
+def _phase_period(net) -> int:
+    """The steps after which ``graph_phase`` repeats."""
+    return next(n for n in range(1, 10**4)
+                if all(net.graph_phase(t + n) == net.graph_phase(t) for t in range(64)))
+
+
 def _scrambling_step(net):
-    step = net.step
+    step, period = net.step, _phase_period(net)
 
     def scrambled(*args, **kwargs):
-        net.t = 10**6 + 7 * net.t  # any value: only t_now may enter the arithmetic
+        net.t = net.t + (10**5 + 7 * net.t) * period  # any whole number of periods
         return step(*args, **kwargs)
 
     return scrambled
 
 
-def test_l2_legacy_is_not_capturable():
+def test_l2_legacy_phases():
+    """One graph per phase of the slot t K modulo the rings' common period: 21 at the defaults
+    (lcm(8, 4, 21, 10, 40) = 840 slots, 40 a step); one per step where K shares no factor with it."""
+    net = make_engine("L2-legacy", 1, 2, seed=0, backend="eager")
+    assert _phase_period(net) == 21 and len({net.graph_phase(t) for t in range(100)}) == 21
+    odd = make_engine("L2-legacy", 1, 2, cfg=CellConfig(num_slots=11), backend="eager")
+    assert _phase_period(odd) == 840
+
+
+def test_l2_legacy_numba_is_not_capturable():
     net = make_engine("L2-legacy", 1, 2, seed=0)
-    assert not net.capturable
-    with pytest.raises(NotImplementedError, match="'L2-legacy' chooses work on the host"):
+    assert net.slot_loop == "numba" and not net.capturable
+    with pytest.raises(NotImplementedError, match="'L2-legacy' level chooses work on the host"):
         CudaGraphLevel(net, graphs=Replayer)
+    assert make_engine("L2-legacy", 1, 2, seed=0, backend="eager").capturable
+
+
+def test_l2_legacy_graphed_replays_each_phase_and_keeps_the_generator():
+    """Over 3 periods of its 21 phases (a reset in between), the graphed L2-legacy (stand-in replay,
+    float32) gives the eager step's events and ends with the generator where the eager one is."""
+    s = random_scenario(9)
+    s = dataclasses.replace(s, cfg=CellConfig(num_subbands=6, timeout_steps=4), T=63,
+                            deadline=s.deadline.clamp(max=4),
+                            u=torch.rand(63, s.E, s.R, generator=torch.Generator().manual_seed(3)))
+    eager = _eager("L2-legacy", s, torch.float32)
+    net = CudaGraphLevel(_eager("L2-legacy", s, torch.float32), graphs=Replayer)
+    ref = _totals_on("L2-legacy", s, "cpu", engine=eager, reset_at=30)
+    out = _totals_on("L2-legacy", s, "cpu", engine=net, reset_at=30)
+    for key in ref:
+        torch.testing.assert_close(out[key], ref[key], rtol=0, atol=0)
+    assert net.num_graphs == 21 and float(ref["delivered"].sum()) > 0
+    assert torch.equal(net.generator.get_state(), eager.generator.get_state())
+    for key, x in eager.counters.items():
+        assert torch.equal(net.counters[key], x), key
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("level", ["L1", "QA"])
+@pytest.mark.parametrize("level", ["L1", "QA", "L2-legacy"])
 def test_cuda_graph_backend_equals_eager_on_cuda(level, device="cuda"):
     s = random_scenario(5)
     eager = _totals_on(level, s, device, reset_at=7)

@@ -28,8 +28,9 @@ def make_engine(level: str, E: int, R: int, device="cpu", *, cfg=None, dtype=tor
         for the other levels. ``"eager"``: torch ops. ``"numba"`` (L2-legacy, CPU only): each control
         step's slot loop one numba kernel (and its bookkeeping two more), the same events as eager from
         the same seed (docs/design.md
-        §2). ``"cuda_graph"`` (CUDA only; L1 and QA): each step is one replay of a CUDA graph captured at
-        the first step (``CudaGraphLevel``).
+        §2). ``"cuda_graph"`` (CUDA only): each step is one replay of a CUDA graph captured at the first
+        step (L2-legacy: at the first step of each of its phases; ``CudaGraphLevel``), the eager step's
+        events from the same seed.
     """
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; expected one of: {', '.join(LEVELS)}")

@@ -41,8 +41,8 @@ from isaac_net.core.levels.l2_legacy import L2State
 # The per-robot counts of a step (``counts`` ``[len(COUNTS), E, R]``): the level's counters and the
 # slots each robot transmitted in (the energy).
 COUNTS = ("tx_first", "nack_first", "tx_retx", "harq_fail", "rlc_retx", "rlc_lost", "sr", "tx_slots")
-# Up to this many subbands ATen's CPU sort (std::sort) is an insertion sort, so stable: an estimate's
-# subband order is then computed here (_argsort_descending), above it by torch.argsort.
+# The estimate's subband order is the stable one (equal values by index, on every device): up to this
+# many subbands computed here (_argsort_descending), above it by torch.argsort(stable=True).
 SORT_BY_INSERTION_MAX = 16
 # The per-message fields of L2State (the last index: the message's age), in the kernels' order.
 PER_MESSAGE = ("pending", "held", "rlc_cnt", "round_slot", "hq_content")
@@ -719,7 +719,7 @@ def _estimate(level, x_est: torch.Tensor) -> tuple:
         order = torch.empty(se_est.shape, dtype=torch.long)
         _argsort_descending(se_est.reshape(-1, S).numpy(), order.view(-1, S).numpy())
     else:
-        order = torch.argsort(se_est, dim=-1, descending=True)
+        order = torch.argsort(se_est, dim=-1, descending=True, stable=True)
     cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), level._bytes_per_sb_se, level._se_max,
                                             level._gap_lin, level._min_sinr_lin, level.cfg.num_subbands)
     return x_est, se_est, order, cap, max_sb
@@ -728,8 +728,7 @@ def _estimate(level, x_est: torch.Tensor) -> tuple:
 @numba.njit(cache=True, error_model="numpy", _nrt=False)
 def _argsort_descending(x, order):
     """``order[i]`` (``[N, S]`` int64): the indices of row ``x[i]`` by decreasing value, equal values by
-    index (the stable order: what ``torch.argsort(descending=True)`` gives on the CPU up to
-    :data:`SORT_BY_INSERTION_MAX` elements, where std::sort is an insertion sort). By rank: element
+    index (the stable order: ``torch.argsort(descending=True, stable=True)``). By rank: element
     ``a`` goes after every greater element and every equal one before it (compares, no branches)."""
     N, S = x.shape
     for i in range(N):
@@ -804,9 +803,9 @@ def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.nda
     ``[len(COUNTS), E, R]`` int64."""
     inputs, cfg, E, R = level._slot_inputs, level.cfg, level.E, level.R
     snr3 = radio.db_to_lin(snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
-    uniforms, block_starts, new_blocks = level._draw_step(t)
+    uniforms, new_blocks = level._draw_step(t)
     nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
-    slots = list(level._slot_channels(t, snr3, block_starts, new_blocks, estimate=estimate))
+    slots = list(level._slot_channels(t, snr3, new_blocks, estimate=estimate))
     rx, rx_of_slot = _by_block([x[2] for x in slots])
     est, est_of_slot = _by_block([x[3] for x in slots])
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb

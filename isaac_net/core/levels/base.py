@@ -56,7 +56,7 @@ class Service:
 
 @dataclasses.dataclass
 class StepContext:
-    """Per-step facts a service rule may need. All ``[E, R]``."""
+    """Per-step facts a service rule may need. All ``[E, R]`` but ``t`` and ``draws``."""
 
     t: int
     snr_db: torch.Tensor
@@ -64,6 +64,7 @@ class StepContext:
     was_empty: torch.Tensor  # bool: queue empty before this step's capture
     captured: torch.Tensor  # bool: a message entered the queue this step
     msg_bytes: torch.Tensor
+    draws: tuple | None = None  # the step's random numbers drawn beforehand (``DiscreteLevel.draw``)
 
 
 class DiscreteLevel:
@@ -76,8 +77,9 @@ class DiscreteLevel:
     """
 
     name = "?"
-    # The step can be captured in a CUDA graph (backend "cuda_graph", levels/graphed.py): no
-    # host-side branch on tensor values and no Python step counter in its arithmetic.
+    # The step can be captured in CUDA graphs (backend "cuda_graph", levels/graphed.py): no
+    # host-side branch on tensor values (after prepare_capture) and the Python step counter only
+    # in choices that repeat with graph_phase(t).
     capturable = False
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None,
@@ -115,6 +117,20 @@ class DiscreteLevel:
     def _age_level(self) -> None:
         """Age level-specific per-message state by one step, with the queue (at the end of each step)."""
 
+    # ------------------------------------------------------------------ capture hooks (levels/graphed.py)
+    def prepare_capture(self) -> None:
+        """Turn off whatever branches on tensor values on the host (nothing here)."""
+
+    def graph_phase(self, t: int) -> int:
+        """Which captured graph serves step ``t``: the steps of one phase make the same host-side
+        choices (L1, QA: none, one graph)."""
+        return 0
+
+    def draw(self) -> tuple:
+        """The next step's random numbers, drawn outside a captured step and passed in as ``draws``
+        (L1, QA: none)."""
+        return ()
+
     # ------------------------------------------------------------------ api
     def reset(self, env_ids=None) -> None:
         """Restart the envs ``env_ids`` (all when None); the others are left untouched."""
@@ -132,14 +148,22 @@ class DiscreteLevel:
 
     def state(self) -> dict:
         """The tensors that carry the queue from one step to the next, by name: the whole state
-        of the capturable levels (L1, QA); L2-legacy adds its own."""
+        of L1 and QA; L2-legacy adds its own."""
+        return self.device_state()
+
+    def load_state(self, state: dict) -> None:
+        """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
+        self.load_device_state(state)
+
+    def device_state(self) -> dict:
+        """The part of :meth:`state` on the level's device (what a captured step reads and writes)."""
         q = self.queue
         return {"bytes": q.bytes, "size": q.size, "gen": q.gen, "length": q.length,
                 "fresh_gen": self.fresh_gen,
                 "t_now": self.t_now}
 
-    def load_state(self, state: dict) -> None:
-        """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
+    def load_device_state(self, state: dict) -> None:
+        """Point the level at ``state`` (as from :meth:`device_state`); no copy."""
         self.queue = Queue(bytes=state["bytes"], size=state["size"], gen=state["gen"],
                            length=state["length"])
         self.fresh_gen, self.t_now = state["fresh_gen"], state["t_now"]
@@ -174,7 +198,7 @@ class DiscreteLevel:
         return send.bool(), msg_bytes, snr, tx, dl
 
     # ------------------------------------------------------------------ core
-    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline, draws=None) -> dict:
         cfg, q, t, t_now, dt = self.cfg, self.queue, self.t, self.t_now, self.dtype
         F = cfg.buffer_msgs
         slots = torch.arange(F, device=self.device)
@@ -194,7 +218,7 @@ class DiscreteLevel:
 
         # 2. Service (the level's rule).
         ctx = StepContext(t=t, snr_db=snr_db, tx_dbm=tx_dbm, was_empty=was_empty,
-                          captured=captured, msg_bytes=msg_bytes)
+                          captured=captured, msg_bytes=msg_bytes, draws=draws)
         svc = self._serve(q, ctx)
         valid = q.valid
         done = svc.done & valid

@@ -272,15 +272,15 @@ class Tx(typing.NamedTuple):
     content: torch.Tensor  # [E, R, A] bytes of each message in the TB
 
 
-def messages_by_age(q: Queue, t: int, A: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The queue in age order (index ``A - 1 - age``, oldest first).
+def messages_by_age(q: Queue, t_now: torch.Tensor, A: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queue in age order (index ``A - 1 - age``, oldest first) at step ``t_now`` (0-d long).
 
     :output: ``idx`` ``[E, R, F]`` each queue entry's index (``A`` past the queue's length),
         whole unserved bytes ``[E, R, A]`` and ``live`` ``[E, R, A]`` bool.
     """
     E, R, _ = q.bytes.shape
     valid = q.valid
-    idx = torch.where(valid, A - 1 - (t - q.gen), A)
+    idx = torch.where(valid, A - 1 - (t_now - q.gen), A)
     bytes_ = torch.zeros(E, R, A + 1, dtype=q.bytes.dtype, device=q.bytes.device).scatter_(
         -1, idx, torch.where(valid, torch.ceil(q.bytes), 0.0))[..., :A]
     live = torch.zeros(E, R, A + 1, dtype=torch.bool, device=q.bytes.device).scatter_(-1, idx, valid)[..., :A]
@@ -427,7 +427,7 @@ def grant(est: Estimate, known: torch.Tensor, avg_thr: torch.Tensor, olla_db: to
 class _EagerRun:
     """The running tensors of the eager slot loop within one step (``NetL2Legacy._eager_slot`` moves
     them on by one slot). Per message ``[E, R, A]``, per robot ``[E, R]``; ``held`` ``[D, E, R, A]``,
-    ``rlc_cnt`` and ``round_slot`` are written in place, the HARQ and grant rings through ``harqs`` and
+    ``rlc_cnt`` is written in place, the HARQ and grant rings through ``harqs`` and
     ``grants`` (views of ``st``'s rings)."""
 
     st: L2State
@@ -513,6 +513,9 @@ class NetL2Legacy(DiscreteLevel):
         self._sr_bytes = torch.full((), l2.sr_grant_bytes, dtype=dtype, device=dev)
         # On the CPU a branch on a tensor costs no device sync, so rare work can be skipped.
         self._host_branches = self.device.type == "cpu"
+        # Slot k of the step is slot t_now * K + k: the absolute slots the state keeps as values (a TB's
+        # first transmission, an RLC round's return) come from the device counter, as in a captured step.
+        self._slot_in_step = torch.arange(cfg.num_slots, device=dev)
         r = torch.arange(R, device=dev)
         self._sr_occasion = (torch.arange(l2.sr_period_slots, device=dev).unsqueeze(1)
                              == (r % l2.sr_period_slots).unsqueeze(0))  # [period, R]
@@ -533,6 +536,28 @@ class NetL2Legacy(DiscreteLevel):
                                  "use slot_loop='eager'")
             self._slot_inputs = _l2_numba.constants(self)
 
+    # ------------------------------------------------------------------ capture (levels/graphed.py)
+    @property
+    def capturable(self) -> bool:
+        """The eager slot loop can be captured (the numba one runs on the CPU)."""
+        return self.slot_loop == "eager"
+
+    def prepare_capture(self) -> None:
+        """No host-side branches on tensor values (they skip rare work on the CPU; the same events)."""
+        self._host_branches = False
+
+    def graph_phase(self, t: int) -> int:
+        """What the eager step chooses on the host from ``t`` (ring rows, SR occasions, fading block
+        starts) repeats with the slot ``t K`` modulo the rings' common period: one graph per phase."""
+        l2, K = self.l2, self.cfg.num_slots
+        period = math.lcm(l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1, l2.sr_period_slots,
+                          l2.coh_slots * self._num_blocks)
+        return (t * K) % period
+
+    def draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next step's random numbers from the level's generator (:meth:`_draw_step`)."""
+        return self._draw_step(self.t)
+
     # ------------------------------------------------------------------ state
     def _reset_level(self, env_mask: torch.Tensor) -> None:
         fresh = L2State.initial(self.E, self.R, self.cfg, self.l2, self.dtype, self.device)
@@ -546,59 +571,72 @@ class NetL2Legacy(DiscreteLevel):
     def state(self) -> dict:
         """The queue's tensors (``DiscreteLevel.state``), the :class:`L2State` fields, the counters,
         the fading ring ``gains`` and ``rng_state``, the generator's state (a copy), by name."""
-        return {**super().state(), **self.l2_state.tensors(), **self.counters, "gains": self.gains,
-                "rng_state": self.generator.get_state()}
+        return {**self.device_state(), "rng_state": self.generator.get_state()}
 
     def load_state(self, state: dict) -> None:
         """Point the level at ``state`` (as from :meth:`state`; no copy but of the generator's state)."""
-        super().load_state(state)
+        self.load_device_state(state)
+        self.generator.set_state(state["rng_state"])
+
+    def device_state(self) -> dict:
+        """:meth:`state` without the generator's (a captured step draws nothing)."""
+        return {**super().device_state(), **self.l2_state.tensors(), **self.counters, "gains": self.gains}
+
+    def load_device_state(self, state: dict) -> None:
+        super().load_device_state(state)
         self.l2_state = L2State(**{f.name: state[f.name] for f in dataclasses.fields(L2State)})
         self.counters = {k: state[k] for k in COUNTER_KEYS}
         self.gains = state["gains"]
-        self.generator.set_state(state["rng_state"])
 
-    def _draw_step(self, t: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-        """The step's random numbers, in a fixed order: BLER uniforms, then fading blocks.
+    def _draw_step(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The random numbers of step ``t``, in a fixed order: BLER uniforms, then fading blocks.
 
-        :output: ``[K, E, R]`` uniforms, the slots ``k`` that start a block, ``[n, E, R, S]`` gains.
+        :output: ``[K, E, R]`` uniforms, ``[n, E, R, S]`` gains of the blocks that start in the step
+            (:meth:`_block_starts`).
         """
+        u = torch.rand((self.cfg.num_slots, self.E, self.R), generator=self.generator, dtype=self.dtype,
+                       device=self.device)
+        g = mech.rayleigh_power((len(self._block_starts(t)), self.E, self.R, self.cfg.num_subbands),
+                                self.generator, self.dtype, self.device)
+        return u, g
+
+    def _block_starts(self, t: int) -> list[int]:
+        """The slots ``k`` of step ``t`` that start a fading block."""
         K, coh = self.cfg.num_slots, self.l2.coh_slots
-        u = torch.rand((K, self.E, self.R), generator=self.generator, dtype=self.dtype, device=self.device)
-        starts = [k for k in range(K) if (t * K + k) % coh == 0]
-        g = mech.rayleigh_power((len(starts), self.E, self.R, self.cfg.num_subbands), self.generator,
-                                self.dtype, self.device)
-        return u, starts, g
+        return [k for k in range(K) if (t * K + k) % coh == 0]
 
     def _estimate(self, x_est: torch.Tensor) -> Estimate:
         """The gNB's view of a channel estimate ``x_est`` ``[E, R, S]`` (linear, full power in one
         subband)."""
         se_est = torch.log2(1.0 + x_est).clamp_(max=self._se_max)
-        order = torch.argsort(se_est, dim=-1, descending=True)  # PF ranks subbands the same way
+        # PF ranks subbands the same way; equal ones by index (stable: the same order on every device).
+        order = torch.argsort(se_est, dim=-1, descending=True, stable=True)
         cap, max_sb = mech.capacity_by_subbands(x_est.mean(-1), self._bytes_per_sb_se, self._se_max,
                                                 self._gap_lin, self._min_sinr_lin, self.cfg.num_subbands)
         return Estimate(x_est, se_est, order, cap, max_sb, mech.to_envs_last(se_est), mech.PfOrder.of(order),
                         mech.to_envs_last(cap), max_sb.t().contiguous())
 
     # ------------------------------------------------------------------ service
-    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
+    def _step(self, send, msg_bytes, snr_db, tx_dbm, deadline, draws=None) -> dict:
         if self.slot_loop == "numba" and self.trace is None:  # the whole step in numba kernels
             from isaac_net.core.levels import _l2_numba
 
+            if draws is not None:
+                raise ValueError("draws: the numba slot loop draws its own random numbers")
             return _l2_numba.step(self, send, msg_bytes, snr_db, tx_dbm, deadline)
-        return super()._step(send, msg_bytes, snr_db, tx_dbm, deadline)
+        return super()._step(send, msg_bytes, snr_db, tx_dbm, deadline, draws)
 
     def _serve(self, q: Queue, ctx: StepContext) -> Service:
         return self._serve_eager(q, ctx)
 
-    def _slot_channels(self, t: int, snr3: torch.Tensor, block_starts: list[int], new_blocks: torch.Tensor,
-                       estimate=None):
+    def _slot_channels(self, t: int, snr3: torch.Tensor, new_blocks: torch.Tensor, estimate=None):
         """Per UL slot of step ``t`` (every slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
         (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``) and the gNB's
         :class:`Estimate` of it ``est_delay_slots`` old (or what ``estimate(level, x_est)`` makes of
         it). The fading blocks the step drew (``_draw_step``) enter the ring as they start; each of
         the two is recomputed only when its block changes (the same objects otherwise)."""
         l2, K, H, coh = self.l2, self.cfg.num_slots, self._num_blocks, self.l2.coh_slots
-        gains, b_now, b_est = self.gains, None, None
+        gains, b_now, b_est, block_starts = self.gains, None, None, self._block_starts(t)
         for k in range(K):
             s = t * K + k
             if k in block_starts:
@@ -615,21 +653,22 @@ class NetL2Legacy(DiscreteLevel):
     def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
         """The slot loop in eager torch ops, with host-side branches that skip rare work on the CPU."""
         t = ctx.t
-        idx, bytes_, live = messages_by_age(q, t, self.cfg.timeout_steps)
-        run = self._eager_begin(bytes_, live, t)
+        idx, bytes_, live = messages_by_age(q, self.t_now, self.cfg.timeout_steps)
+        run = self._eager_begin(bytes_, live)
         snr3 = radio.db_to_lin(ctx.snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
-        uniforms, block_starts, new_blocks = self._draw_step(t)
+        uniforms, new_blocks = self._draw_step(t) if ctx.draws is None else ctx.draws
         nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
-        for k, s, rx_now, est in self._slot_channels(t, snr3, block_starts, new_blocks):
-            self._eager_slot(run, k, s, rx_now, est, nack_below[k], uniforms[k])
+        slot_now = self.t_now * self.cfg.num_slots + self._slot_in_step  # [K] long
+        for k, s, rx_now, est in self._slot_channels(t, snr3, new_blocks):
+            self._eager_slot(run, k, s, slot_now[k], rx_now, est, nack_below[k], uniforms[k])
         self._count(run.log)
         st = dataclasses.replace(run.st, rlc_cnt=run.rlc_cnt, round_slot=run.round_slot, known=run.known,
                                  outstanding=run.outstanding, olla_db=run.olla, avg_thr=run.avg)
         return self._close_step(q, st, idx, live, run.usable, run.bytes_, run.unsched, run.finish_slot,
                                 mech.count_true(torch.stack(run.is_tx_by_slot), 0))
 
-    def _eager_begin(self, bytes_: torch.Tensor, live: torch.Tensor, t: int) -> _EagerRun:
-        """The eager loop's running tensors at the start of step ``t`` (``bytes_``, ``live``: the queue
+    def _eager_begin(self, bytes_: torch.Tensor, live: torch.Tensor) -> _EagerRun:
+        """The eager loop's running tensors at the start of a step (``bytes_``, ``live``: the queue
         in age order, :func:`messages_by_age`)."""
         E, R, A, D = self.E, self.R, self.cfg.timeout_steps, self.l2.rlc_delay_slots + 1
         st = self.l2_state.forget(~live)
@@ -655,9 +694,11 @@ class NetL2Legacy(DiscreteLevel):
             no_robots=torch.zeros(E, R, dtype=torch.bool, device=self.device),
             log={k: [] for k in ("new", "nack", "retx", "fail", "round", "lost", "sr")}, is_tx_by_slot=[])
 
-    def _eager_slot(self, run: _EagerRun, k: int, s: int, rx_now: torch.Tensor, est: Estimate,
-                    nack_below: torch.Tensor, u: torch.Tensor) -> None:
-        """UL slot ``s`` (``k`` in the step) of the eager loop: ``run`` moves on by one slot."""
+    def _eager_slot(self, run: _EagerRun, k: int, s: int, s_now: torch.Tensor, rx_now: torch.Tensor,
+                    est: Estimate, nack_below: torch.Tensor, u: torch.Tensor) -> None:
+        """UL slot ``s`` (``k`` in the step) of the eager loop: ``run`` moves on by one slot. ``s`` picks
+        the rings' rows (a function of the step's phase, ``graph_phase``); ``s_now`` (0-d long, the same
+        number from the device counter) is the slot the state keeps."""
         l2, host, D = self.l2, self._host_branches, len(run.is_held)
         P, K2 = l2.harq_rtt_slots, l2.k2_slots
         # RLC: bytes held since slot s - rlc_delay_slots are back (those of a lost message vanish).
@@ -673,8 +714,10 @@ class NetL2Legacy(DiscreteLevel):
         run.bytes_, run.finish_slot = deliver(run.bytes_, run.finish_slot, tx, k)
 
         # HARQ failure: RLC resends the bytes after rlc_delay_slots, or the message is lost.
-        first = hq.first.masked_fill(tx.is_new, s)  # a new TB starts here; a retransmission keeps its own
-        requeue, is_lost = self._eager_rlc(run, tx, first, s)
+        # A new TB starts here; a retransmission keeps its own. (torch.where: masked_fill with a tensor
+        # value reads it on the host on CUDA.)
+        first = torch.where(tx.is_new, s_now, hq.first)
+        requeue, is_lost = self._eager_rlc(run, tx, first, s, s_now)
         for ring, v in zip(hq, harq_next(tx, first), strict=True):
             ring.copy_(v)
 
@@ -711,23 +754,24 @@ class NetL2Legacy(DiscreteLevel):
                 tbs_grant=new.tbs, metric=metric, sendable=tx.sendable, unsched=run.unsched,
                 held=run.held.sum(0), olla_db=run.olla))
 
-    def _eager_rlc(self, run: _EagerRun, tx: Tx, first: torch.Tensor,
-                   s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The eager loop's HARQ failures of slot ``s``: RLC holds the bytes for ``rlc_delay_slots`` or
-        the message is lost. :output: ``(requeue, is_lost)`` ``[E, R, A]`` bool."""
+    def _eager_rlc(self, run: _EagerRun, tx: Tx, first: torch.Tensor, s: int,
+                   s_now: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager loop's HARQ failures of slot ``s`` (``s_now`` as in :meth:`_eager_slot`): RLC holds
+        the bytes for ``rlc_delay_slots`` or the message is lost. :output: ``(requeue, is_lost)``
+        ``[E, R, A]`` bool."""
         l2, host, D = self.l2, self._host_branches, len(run.is_held)
         if host and not bool(tx.fail.any()):
             return run.no_msgs, run.no_msgs
         is_lost, is_round, requeue = rlc_failure(tx, first, run.usable, run.round_slot, run.rlc_cnt,
                                                  l2.rlc_max_retx)
-        # (In place: bytes_, rlc_cnt and round_slot are this step's own tensors.)
+        # (In place: bytes_ and rlc_cnt are this step's own tensors.)
         if not host or bool(is_lost.any()):  # a loss is rare
             run.usable = run.usable ^ is_lost
             run.bytes_.masked_fill_(is_lost, math.inf)
             run.unsched = run.unsched.masked_fill(is_lost, 0.0)
             run.log["lost"].append(mech.count_true(is_lost, -1))
         run.rlc_cnt += is_round
-        run.round_slot.masked_fill_(is_round, s + l2.rlc_delay_slots)
+        run.round_slot = torch.where(is_round, s_now + l2.rlc_delay_slots, run.round_slot)
         # TB contents are finite and >= 0: the product is torch.where(requeue, content, 0).
         run.held[(s + l2.rlc_delay_slots) % D] += tx.content * requeue
         run.is_held[(s + l2.rlc_delay_slots) % D] = True
