@@ -417,9 +417,11 @@ def test_l2_legacy_phases():
     """One graph per phase of the slot t K modulo the rings' common period: 21 at the defaults
     (lcm(8, 4, 21, 10, 40) = 840 slots, 40 a step); one per step where K shares no factor with it."""
     net = make_engine("L2-legacy", 1, 2, seed=0, backend="eager")
-    assert _phase_period(net) == 21 and len({net.graph_phase(t) for t in range(100)}) == 21
+    assert _phase_period(net) == net.graph_period_steps == 21
+    assert len({net.graph_phase(t) for t in range(100)}) == 21
     odd = make_engine("L2-legacy", 1, 2, cfg=CellConfig(num_slots=11), backend="eager")
-    assert _phase_period(odd) == 840
+    assert _phase_period(odd) == odd.graph_period_steps == 840
+    assert make_engine("L1", 1, 2).graph_period_steps == 1
 
 
 def test_l2_legacy_numba_is_not_capturable():

@@ -191,7 +191,7 @@ def fixture_artifacts() -> dict[str, dict]:
     return {"equivalence": equivalence, "convergence": convergence, "convergence_curves": convergence_curves,
             "gradcheck": gradcheck, "fd_check": fd_check, "cost": cost, "sensitivity": sensitivity,
             "calibration": calibration_artifact(), "opt_rates": optimisation_artifact("opt_rates"),
-            "fleet_opt": fleet_opt_artifact()}
+            "fleet_opt": fleet_opt_artifact(), "gpu": gpu_artifact()}
 
 
 # The fleet optimisation (benchmarks/diff/fleet_opt.py): synthetic job payloads, merged by the stage's
@@ -433,11 +433,50 @@ def nn_proxy_artifact() -> dict:
             "figure": "nn_proxy.png", "provenance": _prov("nn_proxy", {"seed": 7, "hidden": [64, 64]})}
 
 
+# The gpu stage (benchmarks/diff/gpu.py): a small device check, two levels at two batch sizes.
+GPU_TESTS_LOG = ("........................ [100%]\n=== warnings summary ===\n"
+                 "24 passed, 402 deselected, 16 warnings in 93.44s (0:01:33)\n")
+
+
+def gpu_measured(**change) -> dict:
+    def discrete(model, variant, E, rate, graphs=None):
+        return {"kind": "discrete", "model": model, "variant": variant, "E": E, "R": 8, "steps": 21,
+                "s_per_step": E / rate, "cell_steps_per_s": rate, "first_steps": 21, "first_steps_s": 9.5,
+                "graphs": graphs, "books_balanced": True, "delivered_share": 0.96, "error": None,
+                "peak_mib": 27.0}
+
+    def diff(model, variant, E, rate):
+        return {"kind": "diff", "model": model, "variant": variant, "E": E, "R": 8, "steps": 60,
+                "s_per_step": E / rate, "cell_steps_per_s": rate, "first_steps": 60, "first_steps_s": 37.3,
+                "fwd_bwd_s": 60 * E / rate, "slots": "recompute", "grad_finite": True, "error": None,
+                "peak_mib": 300.0}
+
+    rows = [discrete("L2-legacy", "eager", 16, 177.0), discrete("L2-legacy", "cuda_graph", 16, 919.0, 21),
+            discrete("L2-legacy", "eager", 16384, 150_600.0),
+            discrete("L2-legacy", "cuda_graph", 16384, 253_200.0, 21),
+            diff("L1D", "eager", 16384, 246_500.0), diff("L1D", "compiled", 16384, 1_820_000.0)]
+    return {"commit": "31b0355", "date_utc": "2026-12-04T16:43:58Z", "device": "NVIDIA H200",
+            "torch": "2.11.0+cu130", "cuda": "13.0", "R": 8, "rows": rows, "skipped": [], "wall_s": 185.8,
+            **change}
+
+
+def gpu_artifact(measured: dict | None = None, log: str = GPU_TESTS_LOG) -> dict:
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import gpu
+
+    expect = {"E_max": 16384, "discrete": ["L2-legacy"], "discrete_variants": ["eager", "cuda_graph"],
+              "relaxed": ["L1D", "QAD"], "relaxed_variants": ["eager", "compiled"]}
+    data = gpu.artifact(measured or gpu_measured(), log, expect)
+    return {**data, "figure": "gpu.png", "provenance": _prov("gpu", {"expect": expect})}
+
+
 def study_artifact(name: str) -> dict:
     """The artifact of a study, with a figure (the generic structure where the page has no section of its
     own)."""
     if name in ("opt_rates", "placement"):
         return optimisation_artifact(name)
+    if name == "gpu":
+        return gpu_artifact()
     if name == "sensitivity":
         return {**sensitivity_artifact(), "figure": "sensitivity.png"}
     if name == "nn_proxy":
@@ -446,7 +485,8 @@ def study_artifact(name: str) -> dict:
             "provenance": _prov(name, {"seed": 7})}
 
 
-FIGURES = ("convergence_curves.png", "fd_check.png", "calibration.png", "opt_rates.png", "fleet_opt.png")
+FIGURES = ("convergence_curves.png", "fd_check.png", "calibration.png", "opt_rates.png", "fleet_opt.png",
+           "gpu.png")
 
 
 def write_artifacts(folder: Path, artifacts: dict) -> dict[str, str]:
@@ -473,6 +513,42 @@ def section(page: str, heading: str) -> str:
     start = page.index(heading + "\n")
     nxt = re.search(r"^#", page[start + len(heading):], re.M)
     return page[start:start + len(heading) + nxt.start()] if nxt else page[start:]
+
+
+# ------------------------------------------------------------------------------ the gpu stage
+def test_gpu_stage_derives_the_ratios_and_names_what_is_missing():
+    data = gpu_artifact()
+    s, rows = data["summary"], {(r["model"], r["variant"], r["E"]): r for r in data["table"]}
+    assert rows[("L2-legacy", "cuda_graph", 16)]["speedup_vs_eager"] == pytest.approx(919.0 / 177.0)
+    assert rows[("L1D", "compiled", 16384)]["speedup_vs_eager"] == pytest.approx(1_820_000.0 / 246_500.0)
+    assert rows[("L2-legacy", "eager", 16)]["speedup_vs_eager"] is None
+    assert s["missing"] == "QAD eager, QAD compiled" and not s["complete"]
+    assert (s["tests_passed"], s["tests_failed"], s["tests_ok"]) == (24, 0, True)
+    assert s["l2_graphs"] == 21 and s["books_balanced"] and s["grads_finite"]
+    bad = gpu_artifact(log="2 failed, 22 passed, 1 error in 9.10s\n")["summary"]
+    assert (bad["tests_passed"], bad["tests_failed"], bad["tests_errors"]) == (22, 2, 1)
+    assert not bad["tests_ok"]
+    assert gpu_artifact(log="Killed\n")["summary"]["tests_line"] is None
+
+
+def test_gpu_section_shows_the_rows_ratios_and_failures(tmp_path):
+    page = build_page(tmp_path, fixture_artifacts() | {"gpu": gpu_artifact()})
+    sec = section(page, "## On a GPU (CUDA rows)")
+    assert "(NVIDIA H200, torch `2.11.0+cu130`, CUDA `13.0`, at commit `31b0355`" in sec
+    assert "24 passed, none failed" in sec
+    assert "| L2-legacy | cuda_graph | 16 | 919 | 5.19× |" in sec
+    assert ("L2-legacy as `cuda_graph` against its eager step on the GPU: 5.19× at E = 16, 1.68× at "
+            "E = 16384") in sec
+    assert "**Missing at E = 16384: QAD eager, QAD compiled**" in sec
+    measured = gpu_measured()
+    measured["rows"][1] = {"kind": "discrete", "model": "L2-legacy", "variant": "cuda_graph", "E": 16, "R": 8,
+                           "error": "RuntimeError: operation not permitted when stream is capturing",
+                           "peak_mib": 1.0}
+    page = build_page(tmp_path / "failed", fixture_artifacts() | {
+        "gpu": gpu_artifact(measured, log="1 failed, 23 passed in 90.0s\n")})
+    sec = section(page, "## On a GPU (CUDA rows)")
+    assert "| L2-legacy | cuda_graph | 16 | failed: `RuntimeError: operation not permitted" in sec
+    assert "**1 failed, 0 errors**" in sec and "**1 row(s) failed**" in sec
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -971,7 +1047,8 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
     """A copy of the workflow in ``dest``; with ``stubs`` the stage scripts copy fixtures (and record
     the hashes of what they read, with the real ``_hashes.py``)."""
     for rel in ("Snakefile", "environment.yml", "workflow/stages.yaml", "workflow/rules", "workflow/schemas",
-                "workflow/report", "workflow/scripts", "config", "reports", "isaac_net"):
+                "workflow/report", "workflow/scripts", "config", "reports", "isaac_net",
+                "benchmarks/perf/results"):
         src = REPO / rel
         if not src.exists():
             continue
@@ -1099,7 +1176,7 @@ def test_faults_a_deleted_figure_or_page_copy_is_rebuilt(tmp_path):
     wf, ci, results = stubbed_ci_run(tmp_path)
     copies = sorted(p.name for p in (results / "figures").iterdir())
     assert copies == sorted(["calibration.png", "convergence_curves.png", "fd_check.png", "fleet_opt.png",
-                             "nn_proxy.png", "opt_rates.png", "placement.png", "sensitivity.png"])
+                             "gpu.png", "nn_proxy.png", "opt_rates.png", "placement.png", "sensitivity.png"])
     assert "Nothing to be done" in snakemake(wf, "-n", "report", "--cores", "2", *ci)
 
     (results / "fd_check.png").unlink()  # a stage's figure: its stage reruns, then the page
@@ -1208,7 +1285,7 @@ def test_cross_field_config_errors_fail_at_parse_time(tmp_path, mutate, message)
 
 
 def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
-    """The cost stage's jobs: the captured discrete step (L1, QA) is measured on CUDA only."""
+    """The cost stage's jobs: the captured discrete step (L1, QA, L2-legacy) is measured on CUDA only."""
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import cost
 
@@ -1217,7 +1294,7 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert not any(j.get("backend") == "cuda_graph" for j in cpu)
     graphed = [j for j in gpu if j.get("backend") == "cuda_graph"]
     assert sorted((j["name"], j["E"]) for j in graphed) == sorted(
-        (lv, E) for lv in ("L1", "QA") for E in params["E"])
+        (lv, E) for lv in ("L1", "QA", "L2-legacy") for E in params["E"])
     assert {cost._variant(j) for j in graphed} == {"discrete, cuda graph"}
     assert {cost._variant(j) for j in cpu} == {
         "eager", "compiled", "per-slot autograd", "per-op autograd", "discrete",

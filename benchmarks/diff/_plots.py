@@ -304,3 +304,33 @@ def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
         ax_r.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     save(fig, path)
+
+
+def gpu_rows(rows: list[dict], path: str, device: str) -> None:
+    """Cell-steps per second against the batch size E (log-log), one line per model and variant:
+    the discrete levels (left), the relaxed models' forward + backward (right).
+
+    :input rows: ``kind`` (discrete, diff), ``model``, ``variant``, ``E``, ``cell_steps_per_s``.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    styles = {"eager": "o-", "cuda_graph": "s--", "compiled": "s--"}
+    for ax, kind, title in ((axes[0], "discrete", "discrete levels, forward"),
+                            (axes[1], "diff", "relaxed models, forward + backward")):
+        mine = [r for r in rows if r["kind"] == kind and r.get("cell_steps_per_s")]
+        models = list(dict.fromkeys(r["model"] for r in mine))
+        for r_model in models:
+            color = _COLORS[models.index(r_model) % len(_COLORS)]
+            for variant in dict.fromkeys(r["variant"] for r in mine if r["model"] == r_model):
+                pts = sorted((r["E"], r["cell_steps_per_s"]) for r in mine
+                             if r["model"] == r_model and r["variant"] == variant)
+                ax.plot(*zip(*pts, strict=True), styles.get(variant, "^:"), color=color,
+                        label=f"{r_model}, {variant}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("E (cells in the batch), R = 8 robots each")
+        ax.set_ylabel("cell-steps per second")
+        ax.set_title(f"{device}: {title}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)

@@ -126,6 +126,11 @@ class DiscreteLevel:
         choices (L1, QA: none, one graph)."""
         return 0
 
+    @property
+    def graph_period_steps(self) -> int:
+        """The steps after which ``graph_phase`` repeats (each phase met once in as many steps)."""
+        return 1
+
     def draw(self) -> tuple:
         """The next step's random numbers, drawn outside a captured step and passed in as ``draws``
         (L1, QA: none)."""

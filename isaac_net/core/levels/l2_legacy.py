@@ -549,10 +549,18 @@ class NetL2Legacy(DiscreteLevel):
     def graph_phase(self, t: int) -> int:
         """What the eager step chooses on the host from ``t`` (ring rows, SR occasions, fading block
         starts) repeats with the slot ``t K`` modulo the rings' common period: one graph per phase."""
-        l2, K = self.l2, self.cfg.num_slots
-        period = math.lcm(l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1, l2.sr_period_slots,
-                          l2.coh_slots * self._num_blocks)
-        return (t * K) % period
+        return (t * self.cfg.num_slots) % self._period_slots
+
+    @property
+    def graph_period_steps(self) -> int:
+        return self._period_slots // math.gcd(self._period_slots, self.cfg.num_slots)
+
+    @property
+    def _period_slots(self) -> int:
+        """The common period of the slot rings, SR occasions and fading ring, slots."""
+        l2 = self.l2
+        return math.lcm(l2.harq_rtt_slots, l2.k2_slots, l2.rlc_delay_slots + 1, l2.sr_period_slots,
+                        l2.coh_slots * self._num_blocks)
 
     def draw(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next step's random numbers from the level's generator (:meth:`_draw_step`)."""
