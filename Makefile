@@ -7,7 +7,7 @@ CORES ?= all
 # Pin torch first: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is a CPU wheel here.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test restore report pipeline smoke ci bench lint clean
+.PHONY: setup test restore report pipeline smoke ci bench gpu-check lint clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ smoke: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks/perf --benchmark-only --benchmark-json=benchmarks/perf/results/latest.json -q
+
+# On a GPU machine, with its own python3 (a CUDA build of torch): the CUDA tests and the page's CUDA rows,
+# into $(OUT) (commit its gpu_check.json and cuda_tests.txt as benchmarks/perf/results/gpu_check.json and
+# gpu_cuda_tests.txt: docs/usage.md).
+gpu-check:
+	OUT=$${OUT:-gpu_out} bash benchmarks/perf/gpu_check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check isaac_net tests benchmarks reports workflow/scripts
