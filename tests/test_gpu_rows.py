@@ -24,7 +24,7 @@ def test_discrete_row_steps_and_keeps_the_books(level):
 
 
 def test_diff_row_has_finite_gradients():
-    row = gpu_rows.diff_row("QA", False, 2, CPU, repeats=1)
+    row = gpu_rows.diff_row("QAD", "eager", 2, CPU, repeats=1)
     assert (row["model"], row["variant"], row["steps"]) == ("QAD", "eager", gpu_rows.DIFF_T)
     assert row["grad_finite"] and row["fwd_bwd_s"] == pytest.approx(row["s_per_step"] * gpu_rows.DIFF_T)
 
@@ -34,7 +34,7 @@ def test_plan_puts_l2_legacy_first_and_covers_every_model_and_variant():
     assert plan[0] == ("discrete", "L2-legacy", "eager", 16) and plan[1][2] == "cuda_graph"
     assert {(k, m, v) for k, m, v, _ in plan} == {
         ("discrete", lv, b) for lv in ("L1", "QA", "L2-legacy") for b in ("eager", "cuda_graph")} | {
-        ("diff", m, c) for m in ("L1", "QA") for c in (False, True)}
+        ("diff", m, v) for m in ("L1D", "QAD") for v in ("eager", "compiled")}
 
 
 def test_a_spent_budget_skips_the_rows_and_still_writes_the_document(tmp_path):

@@ -92,8 +92,10 @@ def _fwd_bwd(net: DiffFluid, p, B, tx, pos, device) -> None:
     _sync(device)
 
 
-def diff_row(mode: str, compiled: bool, E: int, device: torch.device, repeats: int = 3) -> dict:
-    """Forward + backward of a ``DIFF_T``-step rollout of the quick-start loss (as the cost stage)."""
+def diff_row(model: str, variant: str, E: int, device: torch.device, repeats: int = 3) -> dict:
+    """Forward + backward of a ``DIFF_T``-step rollout of the quick-start loss (as the cost stage);
+    ``model`` L1D or QAD, ``variant`` eager or compiled."""
+    mode, compiled = model.removesuffix("D"), variant == "compiled"
     _, B, pos = _inputs(E, 1, device)
     p = torch.full((E, R), P_SEND, device=device, requires_grad=True)
     tx = torch.full((E, R), 23.0, device=device, requires_grad=True)
@@ -109,19 +111,19 @@ def diff_row(mode: str, compiled: bool, E: int, device: torch.device, repeats: i
         _fwd_bwd(net, p, B, tx, pos, device)
         times.append(time.perf_counter() - t0)
     best = min(times)
-    return dict(kind="diff", model=f"{mode}D", variant="compiled" if compiled else "eager", E=E, R=R,
+    return dict(kind="diff", model=model, variant=variant, E=E, R=R,
                 steps=DIFF_T, s_per_step=best / DIFF_T, cell_steps_per_s=E * DIFF_T / best,
                 first_steps=DIFF_T, first_steps_s=first, fwd_bwd_s=best, slots=net.slot_grad,
                 grad_finite=bool(torch.isfinite(p.grad).all() and torch.isfinite(tx.grad).all()))
 
 
 def plan(discrete_E=DISCRETE_E, diff_E=DIFF_E) -> list[tuple]:
-    """The rows in the order they run (what matters most first, so a cut run keeps it)."""
+    """The rows ``(kind, model, variant, E)`` in the order they run (what matters most first, so a cut
+    run keeps it)."""
     rows = [("discrete", "L2-legacy", b, E) for E in discrete_E for b in ("eager", "cuda_graph")]
     rows += [("discrete", lv, b, E) for lv in ("L1", "QA") for E in discrete_E
              for b in ("eager", "cuda_graph")]
-    rows += [("diff", m, False, E) for m in ("L1", "QA") for E in diff_E]
-    rows += [("diff", m, True, E) for m in ("L1", "QA") for E in diff_E]
+    rows += [("diff", m, v, E) for v in ("eager", "compiled") for m in ("L1D", "QAD") for E in diff_E]
     return rows
 
 
@@ -155,8 +157,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     for kind, model, variant, E in plan(*small):
-        name = (f"{model} {variant}" if kind == "discrete"
-                else f"{model}D {'compiled' if variant else 'eager'}") + f" E={E}"
+        name = f"{model} {variant} E={E}"
         if time.perf_counter() - start > args.budget_s:
             doc["skipped"].append(name)
             continue
@@ -169,9 +170,8 @@ def main(argv=None) -> int:
                    else diff_row(model, variant, E, device))
             row["error"] = None
         except Exception as e:  # noqa: BLE001  (a failed row is a result: it goes on the page)
-            row = dict(kind=kind, model=model if kind == "discrete" else f"{model}D",
-                       variant=variant if kind == "discrete" else ("compiled" if variant else "eager"),
-                       E=E, R=R, error=f"{type(e).__name__}: {e}"[:500])
+            row = dict(kind=kind, model=model, variant=variant, E=E, R=R,
+                       error=f"{type(e).__name__}: {e}"[:500])
             traceback.print_exc()
         row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20 if gpu else None
         doc["rows"].append(row)
