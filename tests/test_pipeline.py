@@ -540,6 +540,16 @@ def test_gpu_section_shows_the_rows_ratios_and_failures(tmp_path):
     assert ("L2-legacy as `cuda_graph` against its eager step on the GPU: 5.19× at E = 16, 1.68× at "
             "E = 16384") in sec
     assert "**Missing at E = 16384: QAD eager, QAD compiled**" in sec
+    assert "Against the CPU" not in sec  # the cost artifact has no numba rows
+    arts = fixture_artifacts()
+    arts["cost"]["l2_backends"] = [
+        {"E": E, "numba_cell_steps_per_s": rate, "eager_cell_steps_per_s": 600.0, "speedup": rate / 600.0,
+         "target_speedup": None, "target_met": None}
+        for E, rate in ((256, 23_900.0), (16, 11_700.0))]
+    arts["cost"]["l2_first_calls"] = None
+    sec = section(build_page(tmp_path / "cpu", arts | {"gpu": gpu_artifact()}), "## On a GPU (CUDA rows)")
+    assert ("numba slot loop steps 23900 cell-steps/s at E = 256, its largest batch there; the GPU's "
+            "`cuda_graph` 253200 at E = 16384, 10.6× that.") in sec
     measured = gpu_measured()
     measured["rows"][1] = {"kind": "discrete", "model": "L2-legacy", "variant": "cuda_graph", "E": 16, "R": 8,
                            "error": "RuntimeError: operation not permitted when stream is capturing",
