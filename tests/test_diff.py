@@ -617,17 +617,17 @@ def test_compiled_slot_loop_equals_the_eager_node(floor):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_compiled_step_compiles_once_for_every_batch_size(mode):
-    """One compile serves E = 8 ... 256 and both radio inputs (snr_db, or pos + tx_dbm); grad mode
-    is the one other thing that compiles again. The step is compiled ahead of its call (or loaded
-    from the store an earlier process left), never by dynamo's fallback."""
+    """One compile serves E = 8 ... 256, R = 3 and 5 robots per cell and both radio inputs (snr_db, or
+    pos + tx_dbm); grad mode is the one other thing that compiles again. The step is compiled ahead
+    of its call (or loaded from the store an earlier process left), never by dynamo's fallback."""
     from isaac_net.core.diff import _l1_loop, _qa_step, model
 
     # QAD on the CPU: the fused node's forward kernel (the compiled step is not built)
     step = (model._compiled_step(mode, "recompute") if mode == "L1"
             else _qa_step.FORWARD_KERNELS[COMPILE_CFG.qa_sr_slots == COMPILE_CFG.num_slots])
     g = torch.Generator().manual_seed(6)
-    R, first, kernels, steps = 3, True, None, None
-    for radio in ("pos", "snr"):
+    first, kernels, steps = True, None, None
+    for R, radio in ((3, "pos"), (3, "snr"), (5, "pos"), (5, "snr")):
         for E in (8, 16, 24, 64, 256):
             p = torch.rand(E, R, generator=g, dtype=F64).requires_grad_()
             net = DiffFluid(E, R, mode=mode, tau=0.05, cfg=COMPILE_CFG, dtype=F64, compile=True)
@@ -722,7 +722,8 @@ def test_the_slot_kernels_compile_in_another_process_while_the_step_compiles(tmp
     from isaac_net.core.diff import _l1_loop
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the background process's store too
-    fresh = {name: _kernels.Kernel(getattr(_l1_loop, name).fn) for name in ("SLOT_FORWARD", "SLOT_ADJOINT")}
+    fresh = {name: _kernels.Kernel(getattr(_l1_loop, name).fn, dim=getattr(_l1_loop, name).dim)
+             for name in ("SLOT_FORWARD", "SLOT_ADJOINT")}
     for name, kernel in fresh.items():  # as in a new process: nothing compiled in memory
         monkeypatch.setattr(_l1_loop, name, kernel)
     E, R, A, K, tau = 5, 3, COMPILE_CFG.timeout_steps, 4, 0.07
@@ -909,9 +910,31 @@ def test_a_kernel_takes_its_batch_dimension_where_it_is_told(tmp_path, monkeypat
         for got, want in zip(kernel(a, b), _kernel_body(a, b), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert kernel.num_compiles + kernel.num_loads == 1
-    for bad in (0, 1, -1.0, "last"):
+    for bad in (0, 1, -1.0, "last", (), (-1, -1), (-1, 0), (-1, True)):
         with pytest.raises(ValueError, match="dim must be a negative int"):
             _kernels.Kernel(_kernel_body, dim=bad)
+
+
+def test_a_kernel_with_two_symbolic_dimensions_serves_every_pair_of_sizes(tmp_path, monkeypatch):
+    """``dim=(-1, -2)``: one graph serves every pair of the last two sizes, also when the two were
+    equal when it was traced (each has a symbol of its own: dynamo's duck sizing would have tied
+    them); a size of 1 is specialised (a graph of its own); 1-d arguments stay static."""
+    from isaac_net.core import _kernels
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    kernel = _kernels.Kernel(_kernel_body, dim=(-1, -2))
+    g = torch.Generator().manual_seed(13)
+    for R, E in ((4, 4), (3, 7), (6, 2), (5, 5)):
+        a, b = (torch.rand(2, R, E, generator=g, dtype=F64) for _ in range(2))
+        for got, want in zip(kernel(a, b), _kernel_body(a, b), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert (kernel.num_compiles, kernel.num_loads, len(kernel._graphs)) == (1, 0, 1)
+    a, b = (torch.rand(2, 1, 3, generator=g, dtype=F64) for _ in range(2))
+    torch.testing.assert_close(kernel(a, b)[0], _kernel_body(a, b)[0], rtol=1e-12, atol=0)
+    assert kernel.num_compiles == 2  # R = 1: dynamo specialises a size of one
+    for bad in (-1, (0, -1), (0, 0), "first"):
+        with pytest.raises(ValueError, match="dim must be a non-negative int"):
+            _kernels.Precompiled(_precompiled_body, dim=bad)
 
 
 def test_a_kernel_of_a_function_without_a_source_file_compiles_and_keeps_nothing(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@
 ``torch.compile`` of a whole L1D step unrolls its K slots forward and backward into one graph:
 minutes of inductor work per new batch size. The compiled path instead compiles the *body* of
 one slot (its forward, and its adjoint) and loops over the slots in Python. A :class:`Kernel`
-compiles its function through dynamo with the last (batch) dimension of every tensor symbolic,
+compiles its function through dynamo with the batch dimensions of every tensor symbolic (cells E
+and robots R: a new fleet size compiles nothing either),
 keeps the graph that inductor compiled and afterwards calls that graph directly: dynamo's
 frame evaluation costs about 0.1 ms per call on a machine of this kind, several times the
 fused kernel on small tensors, and a step makes 2 K such calls. A kernel runs without
@@ -54,15 +55,20 @@ class _Graph:
     def __init__(self, fn, spec: list, static: list, dtype: torch.dtype, device: torch.device, ndims: tuple):
         self.fn, self.spec, self.static = fn, spec, static
         self.dtype, self.device, self.ndims = dtype, device, ndims
+        kept = {(i, d) for i, d, _ in static}
+        tensors = sorted({i for i, d in spec if d is None})
+        self._symbolic = [(i, d) for i in tensors for d in range(ndims[i]) if (i, d) not in kept]
 
     def accepts(self, args: tuple) -> bool:
-        """Whether these arguments pass the guards dynamo put on the graph (dtype, device, ranks and
-        the sizes it kept static: size-1 dimensions and the leading ones)."""
+        """Whether these arguments pass the guards dynamo put on the graph (dtype, device, ranks, the
+        sizes it kept static: size-1 dimensions and the leading ones; a symbolic size is not 1,
+        which dynamo traced as a case of its own)."""
         if (args[0].dtype, args[0].device) != (self.dtype, self.device):
             return False
         if tuple(t.dim() for t in args) != self.ndims:
             return False
-        return all(args[i].shape[d] == size for i, d, size in self.static)
+        return (all(args[i].shape[d] == size for i, d, size in self.static)
+                and all(args[i].shape[d] != 1 for i, d in self._symbolic))
 
     def __call__(self, *args: torch.Tensor):
         return self.fn([args[i] if d is None else args[i].shape[d] for i, d in self.spec])
@@ -359,33 +365,55 @@ def own_storage(t: torch.Tensor) -> torch.Tensor:
     return t if t._base is None and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
 
+def _symbolic_dims(dim, *, negative: bool) -> tuple | None:
+    """``dim`` (an int or a tuple of ints, all negative or all non-negative as asked) as a tuple;
+    None where it is not one."""
+    dims = dim if isinstance(dim, tuple) else (dim,)
+    ok = all(isinstance(d, int) and not isinstance(d, bool) and (d < 0) == negative for d in dims)
+    return dims if ok and dims and len(set(dims)) == len(dims) else None
+
+
+@contextlib.contextmanager
+def _distinct_symbols():
+    """Dynamo gives every symbolic dimension a symbol of its own while it traces: by default two
+    dimensions of equal size share one (duck sizing), and the graph would then take only inputs
+    where they stay equal (a batch of E = 8 cells of R = 8 robots)."""
+    from torch.fx.experimental import _config as fx_config
+
+    with fx_config.patch(use_duck_shape=False):
+        yield
+
+
 class Kernel:
     """``fn`` (contiguous tensors on one device with storage of their own in, no views and no tensor
     twice, the dtypes of all fixed by the first's: it alone keys the graph; a tuple of tensors out,
     none of them an input; no branches on values) compiled by inductor once per dtype, device and
     pattern of size-1 dimensions, with
-    dimension ``dim`` (counted from the end: the last by default) of every tensor of rank > 1
-    symbolic (``dims`` names the arguments whose batch dimension sits elsewhere, or None: static):
-    any other batch size reuses the graph (found once per new set of shapes, then by a dict lookup).
+    dimension ``dim`` (counted from the end: the last by default; a tuple: several) of every tensor of
+    rank > 1 symbolic (``dims`` names the arguments whose batch dimensions sit elsewhere, or None:
+    static), each with a symbol of its own even where two sizes are equal when it is traced: any
+    other batch size reuses the graph (found once per new set of shapes, then by a dict lookup).
     ``inductor``: inductor settings for this kernel's compile (e.g. ``{"cpp.simdlen": 1}``).
 
     ``num_compiles`` counts the graphs compiled (the tests check that a new batch size adds none),
     ``num_loads`` those loaded from the store a previous process left (see the module's docstring).
     """
 
-    def __init__(self, fn, *, dim: int = -1, dims: dict | None = None, inductor: dict | None = None):
-        if not isinstance(dim, int) or dim >= 0:
-            raise ValueError(f"Kernel({fn.__name__}): dim must be a negative int (counted from the end), "
-                             f"got {dim!r}")
+    def __init__(self, fn, *, dim: int | tuple = -1, dims: dict | None = None, inductor: dict | None = None):
+        if _symbolic_dims(dim, negative=True) is None:
+            raise ValueError(f"Kernel({fn.__name__}): dim must be a negative int (counted from the end) or a "
+                             f"tuple of them, got {dim!r}")
+        dim = _symbolic_dims(dim, negative=True)
         self.fn, self.dim = fn, dim
         self._names = list(inspect.signature(fn).parameters)
         dims = dict(dims or {})
         for name, d in dims.items():
-            if name not in self._names or not (d is None or (isinstance(d, int) and d < 0)):
-                raise ValueError(f"Kernel({fn.__name__}): dims maps parameter names to a negative int or "
-                                 f"None, got {name!r}: {d!r}")
-        # Per argument: its batch dimension counted from the end (None: all static), where not ``dim``.
-        self._dims = [dims.get(name, dim) for name in self._names]
+            if name not in self._names or (d is not None and _symbolic_dims(d, negative=True) is None):
+                raise ValueError(f"Kernel({fn.__name__}): dims maps parameter names to a negative int, "
+                                 f"a tuple of them or None, got {name!r}: {d!r}")
+        # Per argument: its symbolic dimensions counted from the end (() : all static), where not ``dim``.
+        self._dims = [(_symbolic_dims(dims[name], negative=True) or ()) if name in dims else dim
+                      for name in self._names]
         self.inductor = dict(inductor or {})  # inductor settings of this kernel's compile (part of its key)
         self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []
@@ -422,8 +450,7 @@ class Kernel:
             self.num_loads += 1
             return graph
         for i, t in enumerate(args):
-            d = self._batch_dim(i, t)
-            if d is not None:
+            for d in self._batch_dims(i, t):
                 torch._dynamo.maybe_mark_dynamic(t, d)
         if self._dynamo is None:
             self._dynamo = torch.compile(self.fn, backend=self._keep, dynamic=False, fullgraph=True)
@@ -432,7 +459,8 @@ class Kernel:
             with torch.no_grad():
                 return self._dynamo(*args)
 
-        result = _compile_trusting_isa(args[0].device, compile_here)
+        with _distinct_symbols():
+            result = _compile_trusting_isa(args[0].device, compile_here)
         if self._kept is None:
             raise RuntimeError(f"Kernel({self.fn.__name__}): dynamo reused a graph this kernel does not know")
         compiled, inner, spec, static, num_outputs = self._kept
@@ -452,20 +480,19 @@ class Kernel:
         self.num_compiles += 1
         return self._graphs[-1]
 
-    def _batch_dim(self, i: int, t: torch.Tensor) -> int | None:
-        """Argument ``i``'s symbolic dimension (from the front), or None: 0-d and 1-d constants stay
-        static."""
-        d = self._dims[i] if i < len(self._dims) else self.dim
-        return None if d is None or t.dim() <= 1 else t.dim() + d
+    def _batch_dims(self, i: int, t: torch.Tensor) -> tuple:
+        """Argument ``i``'s symbolic dimensions (from the front): none for 0-d and 1-d constants."""
+        dims = self._dims[i] if i < len(self._dims) else self.dim
+        return () if t.dim() <= 1 else tuple(t.dim() + d for d in dims if t.dim() + d >= 0)
 
     def _path(self, args: tuple) -> Path | None:
-        """The store's file for these arguments: their dtype, device and sizes, the batch dimension
-        (``dim``) of each tensor of rank > 1 free unless it is 1 (dynamo specialises size 1); None
+        """The store's file for these arguments: their dtype, device and sizes, the batch dimensions
+        (``dim``) of each tensor of rank > 1 free unless 1 (dynamo specialises size 1); None
         for a function without a source file (nothing kept)."""
         source = _source_key(self.fn)
         if source is None:
             return None
-        sizes = [[-1 if d == self._batch_dim(i, t) and n != 1 else n for d, n in enumerate(t.shape)]
+        sizes = [[-1 if d in self._batch_dims(i, t) and n != 1 else n for d, n in enumerate(t.shape)]
                  for i, t in enumerate(args)]
         device = args[0].device
         what = [self.fn.__module__, self.fn.__qualname__, source,
@@ -550,7 +577,8 @@ _MISSING = object()
 
 class Precompiled:
     """``fn`` compiled whole ahead of its first call (dynamo's ``aot_compile``, ``fullgraph``), with
-    dimension ``dim`` of every tensor of higher rank symbolic, and kept on disk beside the kernels
+    dimension ``dim`` (a tuple: each of them) of every tensor of higher rank symbolic, each with a
+    symbol of its own, and kept on disk beside the kernels
     (``<key>.aot``, keyed as a :class:`Kernel` is, and by ``tag``, grad mode, which tensors require
     grad and the other arguments' values). A later process loads it and calls it without dynamo
     tracing anything: what was left of a warm first call (tracing a step took about 2 s, loading
@@ -566,8 +594,11 @@ class Precompiled:
     arguments sent to ``torch.compile``.
     """
 
-    def __init__(self, fn, *, tag: tuple = (), dim: int = 0, before_compile=None):
-        self.fn, self.tag, self.dim = fn, tuple(tag), int(dim)
+    def __init__(self, fn, *, tag: tuple = (), dim: int | tuple = 0, before_compile=None):
+        if _symbolic_dims(dim, negative=False) is None:
+            raise ValueError(f"Precompiled({getattr(fn, '__qualname__', fn)}): dim must be a non-negative "
+                             f"int or a tuple of them, got {dim!r}")
+        self.fn, self.tag, self.dim = fn, tuple(tag), _symbolic_dims(dim, negative=False)
         self.before_compile = before_compile  # called with the arguments when fn must be compiled
         self._fns: dict = {}  # pattern of arguments -> the compiled function, or None: torch.compile's
         self._dynamo = None
@@ -579,7 +610,7 @@ class Precompiled:
         requires grad; the other arguments themselves (hashable; the disk key takes their repr)."""
         d = self.dim
         return (torch.is_grad_enabled(),) + tuple(
-            (a.dtype, a.device, tuple(-1 if i == d and n != 1 else n for i, n in enumerate(a.shape)),
+            (a.dtype, a.device, tuple(-1 if i in d and n != 1 else n for i, n in enumerate(a.shape)),
              a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, *args):
@@ -601,8 +632,10 @@ class Precompiled:
 
     def _mark_dynamic(self, args: tuple) -> None:
         for a in args:
-            if isinstance(a, torch.Tensor) and a.dim() > self.dim:
-                torch._dynamo.maybe_mark_dynamic(a, self.dim)
+            if isinstance(a, torch.Tensor):
+                for d in self.dim:
+                    if a.dim() > d:
+                        torch._dynamo.maybe_mark_dynamic(a, d)
 
     def _path(self, pattern: tuple, args: tuple) -> Path | None:
         source = _source_key(self.fn)
@@ -644,7 +677,8 @@ class Precompiled:
         """``fn`` compiled by dynamo's ``aot_compile`` for ``args`` (raises where it fails)."""
         for _attempt in range(3):
             try:
-                with warnings.catch_warnings():  # dynamo's guards read .grad of every input
+                # (dynamo's guards read .grad of every input)
+                with warnings.catch_warnings(), _distinct_symbols():
                     warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
                     return torch.compile(self.fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
             except torch._dynamo.exc.RestartAnalysis:

@@ -195,18 +195,20 @@ PAGE_FIGURES = [f"{FIGURES_DIR}/{f.rsplit(_SLASH, 1)[-1]}" for f in STAGE_FIGURE
 
 # Which ready job a machine of few cores starts first (Snakemake's `priority:`, higher first).
 # The longest one-core chain first: the calibration and the neural proxy, which opt_rates (the
-# longest single job) reads, then the other studies and the cost stage's serial part (one core);
-# the cost stage's threads part last: it reserves every core it sweeps and then runs alone (its
-# timings undisturbed) instead of holding back the studies while the one-core jobs wait for a
-# second free core.
+# longest single job) reads; the cost stage's serial part (one core, minutes, reading nothing)
+# next, so that it runs beside the calibration's chain of fits (often one ready job at a time)
+# rather than last, where a core would wait for it; then the other studies; the cost stage's
+# threads part last: it reserves every core it sweeps and then runs alone (its timings
+# undisturbed) instead of holding back the studies while the one-core jobs wait for a second
+# free core.
 PRIORITY = {
     "calibrate": 100,
     "nn_proxy": 100,
+    "cost_serial": 95,
     "opt_rates": 90,
     "placement": 80,
     "fleet_opt": 75,
     "sensitivity": 70,
-    "cost_serial": 60,
     "checks": 10,
     "cost": 0,
 }

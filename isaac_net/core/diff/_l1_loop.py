@@ -220,7 +220,7 @@ class L1SlotLoop(torch.autograd.Function):
 
 # The compiled path: the slot loop as an operator that ``torch.compile`` does not trace into (its
 # graph would unroll K slots forward and backward), whose forward and backward loop over the
-# slots calling one fused kernel per slot, compiled once for every batch size.
+# slots calling one fused kernel per slot, compiled once for every batch and fleet size.
 def _consts_slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, consts):
     """:func:`_slot_forward` with its constants as one tensor: ``(served, tx, csum, c)``."""
     return _slot_forward(w, c, served, tx, csum, snr_lin, log_cum, tau, *consts.unbind())[0]
@@ -245,10 +245,11 @@ def _consts_slot_adjoint_gated(w, log_cum, snr_lin, c_prev, c, served_prev, serv
                               t_bar, cs_bar, gw, glc, gsnr, tau, *consts.unbind(), gate=gate, ggate=ggate)
 
 
-SLOT_FORWARD = Kernel(_consts_slot_forward)
-SLOT_ADJOINT = Kernel(_consts_slot_adjoint)
-SLOT_FORWARD_GATED = Kernel(_consts_slot_forward_gated)
-SLOT_ADJOINT_GATED = Kernel(_consts_slot_adjoint_gated)
+# E and R symbolic ([A, R, E], [R, E]): one compile serves every batch and fleet size.
+SLOT_FORWARD = Kernel(_consts_slot_forward, dim=(-1, -2))
+SLOT_ADJOINT = Kernel(_consts_slot_adjoint, dim=(-1, -2))
+SLOT_FORWARD_GATED = Kernel(_consts_slot_forward_gated, dim=(-1, -2))
+SLOT_ADJOINT_GATED = Kernel(_consts_slot_adjoint_gated, dim=(-1, -2))
 
 
 @torch.library.custom_op("isaac_net::l1_slot_loop", mutates_args=())

@@ -297,10 +297,10 @@ def _forward_kernel_sr_fills_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, kee
     return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, True)
 
 
-# compile=True's QAD forward on the CPU, by ``sr_fills_step``. E is the batch dimension, second to
-# last of [A, E, R], [E, R] and [E, 1]: one compile serves every E (R and A are static).
-FORWARD_KERNELS = {False: Kernel(_forward_kernel, dim=-2),
-                   True: Kernel(_forward_kernel_sr_fills_step, dim=-2)}
+# compile=True's QAD forward on the CPU, by ``sr_fills_step``. E and R are the last two dimensions of
+# [A, E, R] and [E, R] ([E, 1]: R's size 1 static): one compile serves every E and R (A is static).
+FORWARD_KERNELS = {False: Kernel(_forward_kernel, dim=(-2, -1)),
+                   True: Kernel(_forward_kernel_sr_fills_step, dim=(-2, -1))}
 
 
 def _own_storage(tensors: tuple) -> list:

@@ -321,14 +321,15 @@ _COMPILED_STEPS: dict = {}
 
 def _compiled_step(mode: str, slot_grad: str) -> Precompiled:
     """``_step`` compiled whole: one function per (mode, slot_grad), dtype, device, grad mode and
-    ``CellConfig`` serves every batch size (the batch dimension is symbolic, R and A static),
+    ``CellConfig`` serves every batch and fleet size (E and R are symbolic, A static),
     forward and backward each fused by inductor; the temperatures are tensor inputs. L1D's slot
     loop is an operator of its own inside (``_l1_loop.compiled_slot_loop``). Kept on disk and
     loaded by a later process without tracing (:class:`~isaac_net.core._kernels.Precompiled`)."""
     key = (mode, slot_grad)
     if key not in _COMPILED_STEPS:
         before = MODES[mode].before_compile if slot_grad != "autograd" else None
-        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slot_grad), tag=key, dim=0, before_compile=before)
+        _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slot_grad), tag=key, dim=(0, 1),
+                                               before_compile=before)
     return _COMPILED_STEPS[key]
 
 
@@ -466,7 +467,7 @@ class DiffFluid:
         headroom floor), in messages / control steps; defaults to ``tau``.
     :param compile: run each step compiled by torch's compiler (L1D and QAD; inductor fuses
         the step's forward and backward). One compile per mode, dtype, device, grad mode and
-        ``CellConfig`` serves every batch size ``E`` (a symbolic dimension) and both radio
+        ``CellConfig`` serves every batch size ``E`` and fleet size ``R`` (symbolic dimensions) and both radio
         inputs (``snr_db``, or ``pos`` + ``tx_dbm``); the temperatures are tensor inputs, so
         annealing does not recompile. L1D's K slots are not unrolled: its slot loop calls one
         compiled kernel per slot forward and one per slot backward (``_l1_loop``). The step and
