@@ -427,7 +427,7 @@ def test_l2_legacy_phases():
 def test_l2_legacy_numba_is_not_capturable():
     net = make_engine("L2-legacy", 1, 2, seed=0)
     assert net.slot_loop == "numba" and not net.capturable
-    with pytest.raises(NotImplementedError, match="'L2-legacy' level chooses work on the host"):
+    with pytest.raises(NotImplementedError, match="'L2-legacy' level runs its slot loop 'numba' on the CPU"):
         CudaGraphLevel(net, graphs=Replayer)
     assert make_engine("L2-legacy", 1, 2, seed=0, backend="eager").capturable
 

@@ -81,6 +81,8 @@ class DiscreteLevel:
     # host-side branch on tensor values (after prepare_capture) and the Python step counter only
     # in choices that repeat with graph_phase(t).
     capturable = False
+    # Why not, in words (the error of backend "cuda_graph" where ``capturable`` is False).
+    not_capturable_because = "chooses work on the host from tensor values"
 
     def __init__(self, E: int, R: int, device="cpu", *, cfg: CellConfig | None = None,
                  dtype: torch.dtype = torch.float32, seed: int | None = None):

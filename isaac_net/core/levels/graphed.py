@@ -76,8 +76,8 @@ class CudaGraphLevel:
             raise TypeError(f"level: expected a DiscreteLevel, got {type(level).__name__}")
         if not level.capturable:
             raise NotImplementedError(
-                f"backend 'cuda_graph': this {level.name!r} level chooses work on the host from tensor "
-                "values and cannot be captured; use backend='eager'")
+                f"backend 'cuda_graph': this {level.name!r} level {level.not_capturable_because} and "
+                "cannot be captured; use backend='eager'")
         level.prepare_capture()
         self.level = level
         self.warmup_steps = warmup_steps

@@ -542,6 +542,11 @@ class NetL2Legacy(DiscreteLevel):
         """The eager slot loop can be captured (the numba one runs on the CPU)."""
         return self.slot_loop == "eager"
 
+    @property
+    def not_capturable_because(self) -> str:
+        return (f"runs its slot loop {self.slot_loop!r} on the CPU" if self.slot_loop != "eager"
+                else super().not_capturable_because)
+
     def prepare_capture(self) -> None:
         """No host-side branches on tensor values (they skip rare work on the CPU; the same events)."""
         self._host_branches = False
