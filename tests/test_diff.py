@@ -917,8 +917,8 @@ def test_a_kernel_takes_its_batch_dimension_where_it_is_told(tmp_path, monkeypat
 
 def test_a_kernel_with_two_symbolic_dimensions_serves_every_pair_of_sizes(tmp_path, monkeypatch):
     """``dim=(-1, -2)``: one graph serves every pair of the last two sizes, also when the two were
-    equal when it was traced (each has a symbol of its own: dynamo's duck sizing would have tied
-    them); a size of 1 is specialised (a graph of its own); 1-d arguments stay static."""
+    equal when it was traced (each keeps a symbol of its own); a size of 1 is specialised (a graph
+    of its own); 1-d arguments stay static."""
     from isaac_net.core import _kernels
 
     monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
