@@ -1334,10 +1334,10 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
 
 
 def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage_order(monkeypatch, tmp_path):
-    """The threads part measures the table's rows at its E (1 and 2 threads, their autograd baselines)
-    and the compiled first calls; the serial part the comparisons that hold within themselves (L2-legacy's
-    slot loops, the speed-up at more batch sizes) and the large rollout; the merge orders the parts' rows
-    as one job would have."""
+    """The threads part measures the table's rows at its E (1 and 2 threads, their autograd baselines),
+    the compiled first calls and L2-legacy's two slot loops (with nothing beside them); the serial part the
+    comparisons that hold within themselves (the speed-up at more batch sizes) and the large rollout; the
+    merge orders the parts' rows as one job would have."""
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import cost
 
@@ -1346,13 +1346,15 @@ def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage
     assert {j["part"] for j in jobs} == set(cost.PARTS)
     for j in jobs:
         in_table = j["E"] in params["E"] and not j.get("backend") and "T" not in j
-        assert j["part"] == ("threads" if in_table else "serial"), j
+        l2_loops = j["name"] == "L2-legacy" and bool(j.get("backend"))
+        assert j["part"] == ("threads" if in_table or l2_loops else "serial"), j
     variants = {p: {cost._variant(j) for j in jobs if j["part"] == p} for p in cost.PARTS}
     assert {"compiled, first call, cold cache", "per-slot autograd", "eager", "compiled",
             "discrete"} <= variants["threads"]
     assert {j["threads"] for j in jobs if j["part"] == "serial"} == {1}
     assert {"discrete, eager slot loop", "discrete, numba slot loop",
-            "discrete, numba first call, cold cache"} <= variants["serial"]
+            "discrete, numba first call, cold cache"} <= variants["threads"]
+    assert not any(v.startswith("discrete") for v in variants["serial"])
     assert {j["E"] for j in jobs if j["part"] == "serial" and j["kind"] == "relaxed"} == {
         *[E for E in params["speedup_E"] if E not in params["E"]], params["large"]["E"]}
 

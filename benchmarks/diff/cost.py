@@ -216,9 +216,11 @@ def _jobs(params: dict, device: str) -> list[dict]:
     """The measurements of one device: relaxed (each mode, compile, threads), the plain
     autograd baselines (eager, one thread), the discrete levels and the large rollout; each with the
     part (``PARTS``) that measures it: ``threads``, on an otherwise idle box, the table's rows at the
-    E of ``params["E"]`` (threads side by side, against their autograd baselines) and the compiled
-    first calls; ``serial``, on one core, the comparisons that hold within themselves (L2-legacy's
-    slot loops, the speed-up at more batch sizes) and the large rollout."""
+    E of ``params["E"]`` (threads side by side, against their autograd baselines), the compiled
+    first calls and L2-legacy's two slot loops (the numba kernel loses more to a busy neighbour core
+    than eager's per-op overhead does, so their ratio is measured where nothing runs beside it);
+    ``serial``, on one core, the comparisons that hold within themselves (the speed-up at more batch
+    sizes) and the large rollout."""
     threads = params["threads"] if device == "cpu" else [1]
     warmup = params.get("warmup")
     jobs = []
@@ -228,8 +230,8 @@ def _jobs(params: dict, device: str) -> list[dict]:
 
     l2 = params.get("l2_backends") if params["l2_legacy"] and device == "cpu" else None
     if l2:  # L2-legacy's numba kernel, first with the stage's numba cache empty, then warm
-        add("serial", [{"kind": "discrete", "name": "L2-legacy", "E": l2["first_call_E"], "compile": False,
-                        "threads": 1, "backend": "numba", "cache": cache} for cache in ("cold", "warm")])
+        add("threads", [{"kind": "discrete", "name": "L2-legacy", "E": l2["first_call_E"], "compile": False,
+                         "threads": 1, "backend": "numba", "cache": cache} for cache in ("cold", "warm")])
     if warmup and True in params["compile"]:  # first, while each model's cache directory is empty
         add("threads", [{"kind": "relaxed", "name": m, "E": warmup["E"], "compile": True, "threads": 1,
                          "cache": cache} for m in params["modes"] for cache in FIRST_CALLS])
@@ -254,8 +256,8 @@ def _jobs(params: dict, device: str) -> list[dict]:
                     for E in params["E"] for lv in levels for th in threads])
     # L2-legacy's slot loops side by side: eager torch ops and the numba kernel, one thread.
     if l2:
-        add("serial", [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
-                        "backend": b} for E in l2["E"] for b in L2_BACKENDS])
+        add("threads", [{"kind": "discrete", "name": "L2-legacy", "E": E, "compile": False, "threads": 1,
+                         "backend": b} for E in l2["E"] for b in L2_BACKENDS])
     if device == "cuda":  # the captured steps
         add("threads", [{"kind": "discrete", "name": lv, "E": E, "compile": False, "threads": 1,
                          "backend": "cuda_graph"} for E in params["E"] for lv in levels])

@@ -375,9 +375,10 @@ def _symbolic_dims(dim, *, negative: bool) -> tuple | None:
 
 @contextlib.contextmanager
 def _distinct_symbols():
-    """Dynamo gives every symbolic dimension a symbol of its own while it traces: by default two
-    dimensions of equal size share one (duck sizing), and the graph would then take only inputs
-    where they stay equal (a batch of E = 8 cells of R = 8 robots)."""
+    """Dynamo's duck sizing off while it traces: every symbolic dimension a symbol of its own, so that
+    no graph can take only inputs where two sizes stay equal as they were traced (E = 8 cells of R = 8
+    robots). With torch 2.13 the dimensions marked dynamic kept symbols of their own with it on too (a
+    graph traced at E = R = 8 served E = 16, R = 5); a guard against a version where they do not."""
     from torch.fx.experimental import _config as fx_config
 
     with fx_config.patch(use_duck_shape=False):
@@ -400,20 +401,20 @@ class Kernel:
     """
 
     def __init__(self, fn, *, dim: int | tuple = -1, dims: dict | None = None, inductor: dict | None = None):
-        if _symbolic_dims(dim, negative=True) is None:
+        symbolic = _symbolic_dims(dim, negative=True)
+        if symbolic is None:
             raise ValueError(f"Kernel({fn.__name__}): dim must be a negative int (counted from the end) or a "
                              f"tuple of them, got {dim!r}")
-        dim = _symbolic_dims(dim, negative=True)
-        self.fn, self.dim = fn, dim
+        self.fn, self.dim = fn, symbolic
         self._names = list(inspect.signature(fn).parameters)
         dims = dict(dims or {})
         for name, d in dims.items():
             if name not in self._names or (d is not None and _symbolic_dims(d, negative=True) is None):
                 raise ValueError(f"Kernel({fn.__name__}): dims maps parameter names to a negative int, "
                                  f"a tuple of them or None, got {name!r}: {d!r}")
-        # Per argument: its symbolic dimensions counted from the end (() : all static), where not ``dim``.
-        self._dims = [(_symbolic_dims(dims[name], negative=True) or ()) if name in dims else dim
-                      for name in self._names]
+            dims[name] = () if d is None else _symbolic_dims(d, negative=True)
+        # Per argument: its symbolic dimensions counted from the end (() : all static).
+        self._dims = [dims.get(name, symbolic) for name in self._names]
         self.inductor = dict(inductor or {})  # inductor settings of this kernel's compile (part of its key)
         self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []
@@ -595,10 +596,11 @@ class Precompiled:
     """
 
     def __init__(self, fn, *, tag: tuple = (), dim: int | tuple = 0, before_compile=None):
-        if _symbolic_dims(dim, negative=False) is None:
+        symbolic = _symbolic_dims(dim, negative=False)
+        if symbolic is None:
             raise ValueError(f"Precompiled({getattr(fn, '__qualname__', fn)}): dim must be a non-negative "
                              f"int or a tuple of them, got {dim!r}")
-        self.fn, self.tag, self.dim = fn, tuple(tag), _symbolic_dims(dim, negative=False)
+        self.fn, self.tag, self.dim = fn, tuple(tag), symbolic
         self.before_compile = before_compile  # called with the arguments when fn must be compiled
         self._fns: dict = {}  # pattern of arguments -> the compiled function, or None: torch.compile's
         self._dynamo = None

@@ -329,7 +329,7 @@ def _compiled_step(mode: str, slot_grad: str) -> Precompiled:
     if key not in _COMPILED_STEPS:
         before = MODES[mode].before_compile if slot_grad != "autograd" else None
         _COMPILED_STEPS[key] = Precompiled(_step_of(mode, slot_grad), tag=key, dim=(0, 1),
-                                               before_compile=before)
+                                           before_compile=before)
     return _COMPILED_STEPS[key]
 
 

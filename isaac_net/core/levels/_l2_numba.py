@@ -10,7 +10,7 @@ order, the per-message state of the messages gone cleared) and :func:`_close_ker
 HARQ, deliveries, delays, timeouts, the queue compacted, AoI, energy, every per-message field one step
 older, the counters). What stays in torch: the inputs' checks, the step's random numbers (drawn by
 the level's generator in its order), the channel and the gNB's estimate per fading block
-(:meth:`~.l2_legacy.NetL2Legacy._slot_channels`; up to 16 subbands the estimate's order comes from
+(:meth:`~.l2_legacy.NetL2Legacy._channel_blocks`; up to 16 subbands the estimate's order comes from
 :func:`_argsort_descending`). So one seed gives the events of the eager step. Byte counts are whole
 numbers (exact in any order of addition); delays and energies are computed in the level's dtype as
 the eager step does, their sums over a robot's messages in ATen's order: the KPIs are eager's.
@@ -742,16 +742,6 @@ def _argsort_descending(x, order):
             order[i, rank] = a
 
 
-def _by_block(values: list) -> tuple[list, np.ndarray]:
-    """Per slot objects that repeat within a fading block: the distinct ones and each slot's index."""
-    distinct, of_slot = [], []
-    for v in values:
-        if not distinct or v is not distinct[-1]:
-            distinct.append(v)
-        of_slot.append(len(distinct) - 1)
-    return distinct, np.array(of_slot, dtype=np.int64)
-
-
 def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
     """``level``'s control step (``DiscreteLevel._step``: capture, service, ageing, timeouts, KPIs) with
     its bookkeeping in :func:`_open_kernel` and :func:`_close_kernel` around the slot loop
@@ -805,9 +795,7 @@ def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.nda
     snr3 = radio.db_to_lin(snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
     uniforms, new_blocks = level._draw_step(t)
     nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
-    slots = list(level._slot_channels(t, snr3, new_blocks, estimate=estimate))
-    rx, rx_of_slot = _by_block([x[2] for x in slots])
-    est, est_of_slot = _by_block([x[3] for x in slots])
+    rx, rx_of_slot, est, est_of_slot = level._channel_blocks(t, snr3, new_blocks, estimate=estimate)
     est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
     counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
     ints = inputs["ints"].copy()

@@ -57,6 +57,7 @@ import math
 import numbers
 import typing
 
+import numpy as np
 import torch
 
 from isaac_net.core import radio
@@ -643,25 +644,38 @@ class NetL2Legacy(DiscreteLevel):
         return self._serve_eager(q, ctx)
 
     def _slot_channels(self, t: int, snr3: torch.Tensor, new_blocks: torch.Tensor, estimate=None):
-        """Per UL slot of step ``t`` (every slot loop): ``(k, s, rx_now, est)``, the channel ``[E, R, S]``
-        (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``) and the gNB's
-        :class:`Estimate` of it ``est_delay_slots`` old (or what ``estimate(level, x_est)`` makes of
-        it). The fading blocks the step drew (``_draw_step``) enter the ring as they start; each of
-        the two is recomputed only when its block changes (the same objects otherwise)."""
+        """Per UL slot of step ``t`` (the eager slot loop): ``(k, s, rx_now, est)``, the slot's channel and
+        the gNB's estimate of it, from :meth:`_channel_blocks` (arguments as there)."""
+        rx, rx_of_slot, est, est_of_slot = self._channel_blocks(t, snr3, new_blocks, estimate)
+        for k in range(self.cfg.num_slots):
+            yield k, t * self.cfg.num_slots + k, rx[rx_of_slot[k]], est[est_of_slot[k]]
+
+    def _channel_blocks(self, t: int, snr3: torch.Tensor, new_blocks: torch.Tensor, estimate=None):
+        """The channels of step ``t``'s UL slots (every slot loop), per fading block:
+        ``(rx, rx_of_slot, est, est_of_slot)``. ``rx``: the distinct channels ``[E, R, S]`` of the step
+        (SINR with the full power in one subband; ``snr3`` ``[E, R, 1]``), ``est``: the gNB's
+        :class:`Estimate` of the channel ``est_delay_slots`` old (or what ``estimate(level, x_est)``
+        makes of it), each list in the order its blocks start; ``*_of_slot`` ``[K]`` int64: each slot's
+        entry. The fading blocks the step drew (``_draw_step``) enter the ring as they start; the work is
+        done only at the slots where a block starts or a channel or an estimate changes block (the rest
+        reuse the same objects), in slot order."""
         l2, K, H, coh = self.l2, self.cfg.num_slots, self._num_blocks, self.l2.coh_slots
-        gains, b_now, b_est, block_starts = self.gains, None, None, self._block_starts(t)
-        for k in range(K):
-            s = t * K + k
+        d, s0 = l2.est_delay_slots, t * K
+        block_starts = self._block_starts(t)
+        gains, rx, est = self.gains, [], []
+        for k in sorted({0, *block_starts, *(k for k in range(K) if (s0 + k - d) % coh == 0)}):
+            s = s0 + k
             if k in block_starts:
                 gains[(s // coh) % H] = new_blocks[block_starts.index(k)]
-            if s // coh != b_now:
-                b_now = s // coh
-                rx_now = snr3 * gains[b_now % H]
-            if (s - l2.est_delay_slots) // coh != b_est:
-                b_est = (s - l2.est_delay_slots) // coh
-                x_est = snr3 * gains[b_est % H]
-                est = self._estimate(x_est) if estimate is None else estimate(self, x_est)
-            yield k, s, rx_now, est
+            if k == 0 or s % coh == 0:
+                rx.append(snr3 * gains[(s // coh) % H])
+            if k == 0 or (s - d) % coh == 0:
+                x_est = snr3 * gains[((s - d) // coh) % H]
+                est.append(self._estimate(x_est) if estimate is None else estimate(self, x_est))
+        # (Python ints: t may be past int64's range; the entries are small)
+        rx_of_slot = np.array([(s0 + k) // coh - s0 // coh for k in range(K)], dtype=np.int64)
+        est_of_slot = np.array([(s0 + k - d) // coh - (s0 - d) // coh for k in range(K)], dtype=np.int64)
+        return rx, rx_of_slot, est, est_of_slot
 
     def _serve_eager(self, q: Queue, ctx: StepContext) -> Service:
         """The slot loop in eager torch ops, with host-side branches that skip rare work on the CPU."""
