@@ -32,7 +32,8 @@ def test_l1_single_robot_se_cap_binds():
     assert out["delivered"].item() == 1
     assert out["delay_sum"].item() == pytest.approx(3 / 40, rel=1e-12)
     assert out["aoi"].item() == 1
-    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 3 * CFG.slot_s, rel=1e-12)
+    # On air for the bytes' time at the full band's rate: 12000 / 5940 slots (the last one part used).
+    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 12_000 / 5940 * CFG.slot_s, rel=1e-12)
 
 
 def test_l1_two_robots_share_then_one_alone():
@@ -41,9 +42,11 @@ def test_l1_two_robots_share_then_one_alone():
     # 17820 after slot 3 -> done in slot 3.
     out = run(one("L1", R=2), [1, 1], [4_000.0, 12_000.0], [40.0, 40.0])
     assert out["delay_sum"][0].tolist() == pytest.approx([2 / 40, 4 / 40], rel=1e-12)
-    # Energy: share >= 1 so each backlogged slot is a full slot at full power.
-    assert out["energy_j"][0].tolist() == pytest.approx([P_23DBM_W * 2 * CFG.slot_s,
-                                                          P_23DBM_W * 4 * CFG.slot_s], rel=1e-12)
+    # Energy: the bytes' time on air at the rate each has alone (5940 B per slot), the same as
+    # without the other robot: sharing the band delays them, it does not make them transmit longer.
+    alone = [run(one("L1"), [1], [size], [40.0])["energy_j"].item() for size in (4_000.0, 12_000.0)]
+    assert out["energy_j"][0].tolist() == pytest.approx(alone, rel=1e-12)
+    assert alone == pytest.approx([P_23DBM_W * b / 5940 * CFG.slot_s for b in (4_000.0, 12_000.0)], rel=1e-12)
 
 
 def test_l1_power_split_over_subbands():
@@ -58,12 +61,17 @@ def test_l1_power_split_over_subbands():
     assert e.queue.bytes[0, 0, 0].item() == pytest.approx(cap, rel=1e-9)
 
 
-def test_l1_share_below_one_subband_limits_energy():
-    # 24 robots, 12 subbands: share 0.5 -> each transmits half of each slot.
+def test_l1_energy_below_one_subband_counts_the_bytes_at_the_full_band():
+    # 24 robots, 12 subbands: share 0.5, each served 0.5 x 5.5 x 90 B per slot (its one subband at
+    # full power, 20 dB, capped at se_max), 9900 B in the step; on air for those bytes at the rate
+    # it has alone, 12 subbands of log2(1 + 100 / 12) b/s/Hz each.
     R = 24
     e = one("L1", R=R)
     out = run(e, [1] * R, [1e9] * R, [20.0] * R)
-    assert out["energy_j"][0, 0].item() == pytest.approx(P_23DBM_W * 0.5 * CFG.step_s, rel=1e-12)
+    sent = 0.5 * 5.5 * BYTES_PER_SB_SE * CFG.num_slots
+    alone_per_slot = 12 * math.log2(1 + 100 / 12) * BYTES_PER_SB_SE
+    assert out["energy_j"][0, 0].item() == pytest.approx(P_23DBM_W * sent / alone_per_slot * CFG.slot_s,
+                                                         rel=1e-9)
 
 
 def test_l1_fifo_order():
@@ -126,7 +134,10 @@ def test_qa_headroom_cap_and_sr_offset_single_robot():
     out = run(one("QA"), [1], [12_000.0], [20.0])
     finish_s = 4 * CFG.slot_s + 12_000 / rate
     assert out["delay_sum"].item() == pytest.approx(finish_s / CFG.step_s, rel=1e-12)
-    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 1 * 12_000 / rate, rel=1e-12)
+    # On air for its bytes at the whole band's rate (12 subbands, the power spread over them), not
+    # at its 3 subbands' rate: the energy rule of every level but L2-legacy (levels.base.on_air_s).
+    band_rate = 12 * math.log2(1 + 100 / 12) * 1.44e6 / 8
+    assert out["energy_j"].item() == pytest.approx(P_23DBM_W * 12_000 / band_rate, rel=1e-12)
 
 
 def test_qa_harmonic_pf_gain():
@@ -136,6 +147,10 @@ def test_qa_harmonic_pf_gain():
     assert qa_rate(0.0, 4.0, 3) == pytest.approx(rate)
     expected = (4 * CFG.slot_s + 2_000 / rate) / CFG.step_s
     assert out["delay_sum"][0].tolist() == pytest.approx([expected] * 3, rel=1e-12)
+    # The energy of each is its bytes at the whole band's rate: what it is alone, PF gain or not.
+    alone = run(one("QA"), [1], [2_000.0], [0.0])["energy_j"].item()
+    assert alone == pytest.approx(P_23DBM_W * 2_000 / (12 * math.log2(1 + 1 / 12) * 1.44e6 / 8), rel=1e-12)
+    assert out["energy_j"][0].tolist() == pytest.approx([alone] * 3, rel=1e-12)
 
 
 def test_qa_sr_offset_only_when_queue_was_empty():

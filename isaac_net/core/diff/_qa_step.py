@@ -19,7 +19,8 @@ cell):
     se = \mathrm{smin}(\log_2(1 + H(n)\,snr / \mathrm{smax}(al, 1)), se_{max}),\
     av = T_{step} - (1 - \mathrm{smin}(m_0, 1))\,T_{SR},\ S = al\,se\,\kappa\,av,\\
     z_a = (\log S - \log cum_a)/\tau,\ c = \sigma(z),\ q = cum\,c^\tau,\
-    frac = (1 - c)^\tau,\ rest_a = x_a - q_a + q_{a+1}.
+    frac = (1 - c)^\tau,\ rest_a = x_a - q_a + q_{a+1},\\
+    tx = q_0 / (S\,\mathrm{smin}(\log_2(1 + snr / S), se_{max})\,\kappa)\ \text{(on air for the bytes sent)}.
 
 The AoI is written as ``1 + sum_{a < A-1} P_a + (aoi + 1 - A) P_{A-1}`` with
 ``P = cumprod(1 - w c)`` (the same value as ``model._step``'s sum over the freshest
@@ -142,7 +143,6 @@ class _Tape(typing.NamedTuple):
     admit: torch.Tensor
     w0: torch.Tensor
     w1: torch.Tensor
-    busy: torch.Tensor
     d_busy: torch.Tensor
     sn: torch.Tensor
     d_sn: torch.Tensor
@@ -171,8 +171,8 @@ class _Tape(typing.NamedTuple):
     frac: torch.Tensor
     finish_s: torch.Tensor
     fin: torch.Tensor
-    s1: torch.Tensor
-    d_s1: torch.Tensor
+    se_f: torch.Tensor
+    d_vf: torch.Tensor
     tx_s: torch.Tensor
     done: torch.Tensor
     w2: torch.Tensor
@@ -237,16 +237,19 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     rest[:-1] += q[1:]
     finish_s = frac * avail + sr_s
     fin = c * finish_s * k.inv_step_s
-    tx_s = busy * s1 * frac[0] * avail
+    # on air for the bytes sent (q_0 = smin(cum_0, served)) at the whole band's rate (model.on_air_s)
+    vf, d_vf = smin1_vjp(torch.log1p(snr_lin / k.subbands) * (k.inv_ln2 * k.inv_se_max), k.temp)
+    se_f = vf * k.se_max
+    tx_s = q[0] / (se_f * k.subbands * k.kappa)
 
     outputs, done, w2, none_yet, aoi_coef = _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s,
                                                             msg_bytes, overflow, k)
     return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
-                          admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
+                          admit=admit, w0=w0, w1=w1, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
                           ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
                           snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
                           served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
-                          finish_s=finish_s, fin=fin, s1=s1, d_s1=d_s1, tx_s=tx_s, done=done, w2=w2,
+                          finish_s=finish_s, fin=fin, se_f=se_f, d_vf=d_vf, tx_s=tx_s, done=done, w2=w2,
                           none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
 
 
@@ -336,10 +339,12 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_delivered = grads.delivered + g_tput * s.msg_bytes
     g_w2, g_keep, g_rest, g_aoi = _adjoint_shift(s, grads, k, needs)
     g_f = _adjoint_none_yet(s, grads.aoi, k)
-    g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail, g_sr_s = _adjoint_kpis(
+    g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail, g_sr_s = _adjoint_kpis(
         s, grads, g_delivered, g_w2, g_f, k, needs)
-    g_x1, g_served = _adjoint_completion(s, g_rest, g_c, g_frac, k)
-    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_avail, g_sr_s, g_alloc, g_busy, g_w1, k, needs)
+    g_x1, g_served = _adjoint_completion(s, g_rest, g_c, g_frac, g_q0, k)
+    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_avail, g_sr_s, g_w1, k, needs)
+    if g_snr is not None:
+        g_snr += g_snr_f
     g_x, g_w, g_send, g_bytes = _adjoint_capture(s, g_w1, g_x1, g_m0, grads.overflow, g_tput, k, needs)
     return StepArgs(x=g_x, w=g_w, aoi=g_aoi, send=g_send, msg_bytes=g_bytes, snr_lin=g_snr, tx_w=g_tx_w,
                     keep=g_keep, headroom=g_m)
@@ -384,40 +389,39 @@ def _adjoint_none_yet(s: _Tape, g_aoi_next: torch.Tensor, k: _Consts) -> torch.T
 
 
 def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, needs: StepArgs) -> tuple:
-    """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail,
-    g_sr_s)``, the service's parts so far (``g_tx_w`` None unless needed)."""
+    """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail,
+    g_sr_s)``, the service's parts so far (``g_tx_w`` and the energy's ``g_snr_f`` None unless needed)."""
     g_delay, g_energy = grads.delay_sum, grads.energy_j
     # w2 = w1 - done; delay_sum = sum(done ages + w1 fin); delivered = sum(done); done = w1 c.
     g_done = (g_delay * k.ages).add_(g_delivered).sub_(g_w2).sub_(g_f)
     g_w1 = (g_delay * s.fin).add_(g_w2).add_(g_done * s.c)
     g_fin = g_delay * s.w1
     g_c = g_done * s.w1
-    # energy = tx_w tx_s; tx_s = busy s1 frac_0 avail.
+    # energy = tx_w tx_s; tx_s = q_0 / (se_f S kappa); se_f = se_max smin(y_f / se_max, 1);
+    # y_f = log2(1 + snr / S).
     g_tx_w = g_energy * s.tx_s if needs.tx_w else None
     g_tx = g_energy * s.tx_w
-    b_s1 = s.busy * s.s1
-    f_av = s.frac[0] * s.avail
-    g_busy = g_tx * s.s1 * f_av
-    g_alloc = g_tx * s.busy * f_av * s.d_s1
-    g_frac0 = g_tx * b_s1 * s.avail
-    g_avail = g_tx * b_s1 * s.frac[0]
+    g_q0 = g_tx / (s.se_f * k.subbands * k.kappa)
+    g_snr_f = None
+    if needs.snr_lin:
+        g_snr_f = -(g_tx * s.tx_s / s.se_f) * s.d_vf * k.inv_ln2 / (s.snr_lin + k.subbands)
     # fin = c finish / T_step; finish = sr_s + frac avail.
     g_c += g_fin * s.finish_s * k.inv_step_s
     g_finish = g_fin * s.c * k.inv_step_s
     g_sr_s = g_finish.sum(0)
     g_frac = g_finish * s.avail
-    g_frac[0] += g_frac0
-    g_avail += (g_finish * s.frac).sum(0)
-    return g_w1, g_c, g_tx_w, g_busy, g_alloc, g_frac, g_avail, g_sr_s
+    g_avail = (g_finish * s.frac).sum(0)
+    return g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail, g_sr_s
 
 
-def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, k: _Consts) -> tuple:
-    """2. What each age completes, from the rest, the completion and the fraction left:
-    ``(g_x1, g_served)``."""
+def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tuple:
+    """2. What each age completes, from the rest, the completion, the fraction left and the bytes sent
+    ``q_0`` (the energy's): ``(g_x1, g_served)``."""
     # rest_a = x_a - q_a + q_{a+1}
     g_x1 = g_rest
     g_q = -g_rest
     g_q[1:] += g_rest[:-1]
+    g_q[0] += g_q0
     # frac = exp(tau d), d = log_c - z = log(1 - c); q = cum c^tau; c = exp(log_c); log_c = logsigmoid(z).
     g_d = g_frac * s.frac * k.tau
     g_log_c = (g_q * s.q * k.tau).add_(g_d).add_(g_c * s.c)
@@ -431,17 +435,16 @@ def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, k: _Consts) -> tuple:
     return g_x1, g_served
 
 
-def _adjoint_rate(s: _Tape, g_served, g_avail, g_sr_s, g_alloc, g_busy, g_w1, k: _Consts,
-                  needs: StepArgs) -> tuple:
+def _adjoint_rate(s: _Tape, g_served, g_avail, g_sr_s, g_w1, k: _Consts, needs: StepArgs) -> tuple:
     """2. The rate: served = rate avail down to the allocation, the PF gain and the busy robots.
-    Adds into ``g_avail``, ``g_alloc`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)`` (``g_snr``,
-    ``g_m`` None unless needed)."""
+    Adds into ``g_avail`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)`` (``g_snr``, ``g_m`` None
+    unless needed)."""
     # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
     g_avail += g_served * s.rate
     g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
     # rate = alloc se kappa.
     g_rate0 = g_served * s.avail * k.kappa
-    g_alloc += g_rate0 * s.se
+    g_alloc = g_rate0 * s.se
     g_se = g_rate0 * s.alloc
     # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, 1).
     g_sg = g_se * s.d_v * k.inv_ln2 / (s.snr_g + k.one)
@@ -455,7 +458,7 @@ def _adjoint_rate(s: _Tape, g_served, g_avail, g_sr_s, g_alloc, g_busy, g_w1, k:
     g_n = (g_gain.sum(-1, keepdim=True) * harmonic_deriv(s.n)
            - g_share * s.share / s.sn * s.d_sn)
     # n = sum_r busy; busy = smin(sum_a w1, 1).
-    g_w1 += (g_busy + g_n) * s.d_busy
+    g_w1 += g_n * s.d_busy
     return g_m0, g_snr, g_m
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from collections.abc import Callable
 
@@ -55,7 +56,7 @@ def _cumprod(y: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, -1)
 
 
-def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gate=None):
+def _l1_slot(w, w_sum, c_busy, served, snr_lin, tau, consts: tuple, gate=None):
     """One UL slot of L1D: the reference recursion. At ``tau = 0`` the hard operations; at
     ``tau > 0`` differentiated by autograd (the plain per-slot design, ``slot_grad="autograd"``).
 
@@ -67,8 +68,8 @@ def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gat
     :input gate: ``[E, R]`` the probability that the robot's queue was not empty before capture, in
         the slots of its latency floor (None: every robot is served).
     :param consts: ``(num_subbands, se_max, bytes_per_se_slot)``.
-    :output: ``(served, tx_frac)`` after the slot: the bytes offered to a robot that is served from
-        the start of the step, and its transmit time in slots at full power.
+    :output: ``served`` after the slot: the bytes offered to a robot that is served from the start
+        of the step.
     """
     num_subbands, se_max, kappa = consts
     busy = relax.soft_busy(w_sum - (w * c_busy).sum(-1), tau)  # [E, R]
@@ -77,7 +78,7 @@ def _l1_slot(w, w_sum, c_busy, served, tx_frac, snr_lin, tau, consts: tuple, gat
     n = busy.sum(-1, keepdim=True)  # [E, 1] soft count of backlogged robots
     share = num_subbands / relax.smax(n, 1.0, tau)
     se = relax.smin(torch.log2(1.0 + snr_lin / relax.smax(share, 1.0, tau)), se_max, tau)
-    return served + share * se * kappa, tx_frac + busy * relax.smin(share, 1.0, tau)
+    return served + share * se * kappa
 
 
 def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot_grad: str = "recompute"):
@@ -104,8 +105,8 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
 
     :output: completion ``c`` ``[E, R, A]``, finish-time term ``fin`` ``[E, R, A]`` (the
         completion increase in each slot times ``(k + 1) / K``, summed; control steps),
-        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]`` and the bytes
-        left per message ``rest`` ``[E, R, A]``.
+        bytes offered ``served`` ``[E, R]``, transmit time ``tx_s`` ``[E, R]`` (:func:`on_air_s`)
+        and the bytes left per message ``rest`` ``[E, R, A]``.
     """
     cum = _fifo_cum(x)
     consts = (float(cfg.num_subbands), float(cfg.se_max), cfg.bytes_per_se_slot)
@@ -120,9 +121,21 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
         def completion(s):
             return torch.sigmoid(relax._log_pos(s).unsqueeze(-1) / tau - log_cum)
     if not relax.is_hard(tau) and slot_grad != "autograd":
-        return _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg, tau, consts,
-                              slot_grad)
-    return _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau, consts)
+        c, fin, served, rest = _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg,
+                                              tau, consts, slot_grad)
+    else:
+        c, fin, served, rest = _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau,
+                                             consts)
+    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau), rest
+
+
+def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau):
+    """The transmit time of L1D and QAD ``[E, R]``, s: the bytes the robot sent in the step (``x - rest``
+    ``[E, R, A]``, summed) at the rate of the whole band, ``S smin(log2(1 + snr / S), se_max)``
+    ``bytes_per_se_s`` (the discrete levels' rule, ``levels.base.on_air_s``)."""
+    S = float(cfg.num_subbands)
+    se = relax.smin(torch.log1p(snr_lin / S) / math.log(2.0), cfg.se_max, tau)  # log1p: > 0 at -150 dB
+    return (x - rest).sum(-1) / (S * se * cfg.bytes_per_se_s)
 
 
 def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
@@ -132,7 +145,7 @@ def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg
 
     :input log_cum: ``[E, R, A]`` ``log(cum) / tau``; :input c0: ``[E, R, A]`` the completion of
         nothing served; :input completion: served bytes ``[E, R]`` -> completion ``[E, R, A]``.
-    :output: as ``_service_l1``.
+    :output: ``(c, fin, served, rest)``, as ``_service_l1``'s.
     """
     K, L = cfg.num_slots, cfg.l1_sr_slots
     # c0 (log of nothing served against log(cum), over tau: 0 up to underflow where a message
@@ -140,31 +153,31 @@ def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg
     loop = functools.partial(_l1_loop.slot_loop, w, log_cum, snr_lin, tau=tau, consts=consts,
                              keep_tape=slot_grad == "tape")
     if L == 0:
-        served, tx_frac, c_sum = loop(c0.detach(), K)
+        served, c_sum = loop(c0.detach(), K)
     else:  # the recursion's two phases, each one slot loop
         gate = relax.smin(mass_before, 1.0, tau)  # P(the queue was not empty)
         g3 = gate.unsqueeze(-1)
-        base, tx_frac, c_sum_ne = loop(c0.detach(), L, gate=gate)  # the not-empty case's first L slots
+        base, c_sum_ne = loop(c0.detach(), L, gate=gate)  # the not-empty case's first L slots
         c_sum = L * c0 + g3 * (c_sum_ne - L * c0)  # the mixture's completions, summed
         if L == K:  # the floor fills the step: a robot that was empty is not served at all
             c_ne, _, rest_ne = relax.fifo_serve(x, cum, base.unsqueeze(-1), tau)
             c = c0 + g3 * (c_ne - c0)
-            return c, c - c_sum / K, gate * base, tx_frac * cfg.slot_s, x + g3 * (rest_ne - x)
+            return c, c - c_sum / K, gate * base, x + g3 * (rest_ne - x)
         # After the floor, the completion of the expected bytes offered, S_k - (1 - g) S_{L-1}:
         # a loop from gate * base whose first slot sees the mixture's completion.
         c_mix = c0 + g3 * (completion(base) - c0)
-        served, tx_late, c_sum_late = loop(c_mix, K - L, served0=gate * base)
-        tx_frac, c_sum = tx_frac + tx_late, c_sum + c_sum_late
+        served, c_sum_late = loop(c_mix, K - L, served0=gate * base)
+        c_sum = c_sum + c_sum_late
     c, _, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)  # c_K again, exact at cum = 0
     # sum_k (c_{k+1} - c_k) (k + 1) / K telescopes to c_K - mean_{k<K} c_k.
-    return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
+    return c, c - c_sum / K, served, rest
 
 
 def _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau, consts: tuple):
     """``_service_l1`` slot by slot through :func:`_l1_slot` (the hard operations at ``tau = 0``,
     autograd through every slot at ``tau > 0``). Inputs as :func:`_l1_slot_loops`.
 
-    :output: as ``_service_l1``.
+    :output: ``(c, fin, served, rest)``, as ``_service_l1``'s.
     """
     K, L = cfg.num_slots, cfg.l1_sr_slots
     w_sum = w.sum(-1)
@@ -172,12 +185,11 @@ def _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg: CellConf
     g3 = None if gate is None else gate.unsqueeze(-1)
     c_sum = torch.zeros_like(x)
     served = torch.zeros_like(w_sum)  # offered since slot 0 (the robot that was not empty)
-    tx_frac = torch.zeros_like(w_sum)
     c_ne, c, base = c0, c0, None  # the not-empty case's completion; the mixture's; S_{L-1}
     for k in range(K):
         early = k < L
-        served, tx_frac = _l1_slot(w, w_sum, c_ne if early else c, served, tx_frac, snr_lin, tau, consts,
-                                   gate if early else None)
+        served = _l1_slot(w, w_sum, c_ne if early else c, served, snr_lin, tau, consts,
+                          gate if early else None)
         c_sum = c_sum + c
         if early:
             c_ne = completion(served)
@@ -196,7 +208,7 @@ def _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg: CellConf
         c = c0 + g3 * (c_ne - c0)
         rest = x + g3 * (rest_ne - x)
         served = gate * served
-    return c, c - c_sum / K, served, tx_frac * cfg.slot_s, rest
+    return c, c - c_sum / K, served, rest
 
 
 def qa_headroom(snr_lin, cfg: CellConfig, tau, tau_n):
@@ -234,8 +246,7 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     # The prefix up to a message takes the part frac of the interval: smin(cum, served) / rate.
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    tx_s = busy * relax.smin(alloc, 1.0, tau) * frac[..., 0] * avail_s  # smin(total, served) / rate
-    return c, fin, served, tx_s, rest
+    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau), rest
 
 
 class StepInputs(typing.NamedTuple):

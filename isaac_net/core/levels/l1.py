@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 
 from isaac_net.core import radio
-from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext, partial_remaining
+from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext, on_air_s, partial_remaining
 
 
 class NetL1(DiscreteLevel):
     """For each of the K UL slots, ``share = S / max(n, 1)`` subbands per backlogged robot,
     ``se = min(log2(1 + snr / max(share, 1)), se_max)``, and ``share * se * subband_hz *
-    slot_s / 8`` bytes offered to the robot, served FIFO. Unused capacity is lost.
+    slot_s / 8`` bytes offered to the robot, served FIFO. Unused capacity is lost. The transmit time
+    is the bytes the robot sent at the rate of the whole band (:func:`~.base.on_air_s`).
 
     Calibration constants (``CellConfig``): the bytes per slot are scaled by ``rate_factor``,
     the SNR of the spectral efficiency is raised by ``snr_offset_db`` and a robot whose queue was
@@ -36,9 +37,7 @@ class NetL1(DiscreteLevel):
         se_n = torch.clamp(torch.log2(1.0 + snr_lin.unsqueeze(-1) / torch.clamp(share_n, min=1.0)),
                            max=cfg.se_max)
         rate_n = share_n * se_n * cfg.bytes_per_se_slot  # [E, R, R + 1] bytes per slot
-        tx_n = torch.clamp(share_n, max=1.0) * cfg.slot_s  # [R + 1] s at full power per slot
         served = torch.zeros_like(total)  # bytes offered since the step began
-        tx_time = torch.zeros_like(total)
         served_by_slot = []
         late = ctx.was_empty & ctx.captured  # waits l1_sr_slots slots for its first grant
         for k in range(cfg.num_slots):
@@ -48,7 +47,6 @@ class NetL1(DiscreteLevel):
             n = is_backlogged.sum(-1, keepdim=True)  # [E, 1]
             rate = rate_n.gather(-1, n.expand_as(served).unsqueeze(-1)).squeeze(-1)
             served = served + torch.where(is_backlogged, rate, 0.0)
-            tx_time = tx_time + torch.where(is_backlogged, tx_n[n], 0.0)
             served_by_slot.append(served)
         # A message finishes in the first slot whose cumulative service reaches its FIFO prefix.
         reached = torch.stack(served_by_slot).unsqueeze(-1) >= cum  # [K, E, R, F]
@@ -58,5 +56,5 @@ class NetL1(DiscreteLevel):
             done=done,
             finish_s=(finish_slot + 1).to(self.dtype) * cfg.slot_s,
             remaining=partial_remaining(q, cum, served, done),
-            tx_time_s=tx_time,
+            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg),
         )

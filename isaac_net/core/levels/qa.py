@@ -5,14 +5,15 @@ from __future__ import annotations
 import torch
 
 from isaac_net.core import radio
-from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext, partial_remaining
+from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext, on_air_s, partial_remaining
 
 
 class NetQA(DiscreteLevel):
     """One interval per step: ``share = S / max(n, 1)``, power-headroom cap
     ``m = max(floor(snr / snr_req), 1)``, ``alloc = min(share, m)``, PF gain ``G = H(n)``,
     ``se = min(log2(1 + G snr / max(alloc, 1)), se_max)``, rate ``alloc se subband_hz / 8``
-    B/s, service starting ``qa_sr_slots`` slots late for a robot whose queue was empty.
+    B/s, service starting ``qa_sr_slots`` slots late for a robot whose queue was empty; the transmit
+    time the bytes sent at the rate of the whole band (:func:`~.base.on_air_s`).
     The calibration constants scale the rate by ``rate_factor`` and raise the SNR of the
     spectral efficiency and of the headroom cap by ``snr_offset_db``.
     """
@@ -46,10 +47,9 @@ class NetQA(DiscreteLevel):
         avail_s = cfg.step_s - sr_s
         served = rate * avail_s
         done = q.valid & (cum <= served.unsqueeze(-1))
-        busy_s = torch.where(is_backlogged, torch.minimum(total / rate, avail_s), torch.zeros_like(total))
         return Service(
             done=done,
             finish_s=sr_s.unsqueeze(-1) + cum / rate.unsqueeze(-1),
             remaining=partial_remaining(q, cum, served, done),
-            tx_time_s=torch.clamp(alloc, max=1.0) * busy_s,
+            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg),
         )
