@@ -147,10 +147,35 @@ def test_qa_harmonic_pf_gain():
     assert qa_rate(0.0, 4.0, 3) == pytest.approx(rate)
     expected = (4 * CFG.slot_s + 2_000 / rate) / CFG.step_s
     assert out["delay_sum"][0].tolist() == pytest.approx([expected] * 3, rel=1e-12)
-    # The energy of each is its bytes at the whole band's rate: what it is alone, PF gain or not.
+    # The energy: its bytes at the faster of the whole band's rate and its own. Alone (G = 1) the band's
+    # 12 log2(1 + 1/12) = 1.39 b/s/Hz beats its one subband's 1; with the gain of three its own
+    # log2(1 + 11/6) = 1.50 is the faster: it is not on air longer than it was served.
+    band_rate = 12 * math.log2(1 + 1 / 12) * 1.44e6 / 8
     alone = run(one("QA"), [1], [2_000.0], [0.0])["energy_j"].item()
-    assert alone == pytest.approx(P_23DBM_W * 2_000 / (12 * math.log2(1 + 1 / 12) * 1.44e6 / 8), rel=1e-12)
-    assert out["energy_j"][0].tolist() == pytest.approx([alone] * 3, rel=1e-12)
+    assert alone == pytest.approx(P_23DBM_W * 2_000 / band_rate, rel=1e-12)
+    assert out["energy_j"][0].tolist() == pytest.approx([P_23DBM_W * 2_000 / rate] * 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_time_on_air_never_exceeds_the_step(seed):
+    """Over random cells (R = 1-64, SNR -10 to 40 dB, 1-60 kB, loads to overload), a robot's energy is
+    at most its power for the whole step: in L1 its share's rate is at most the whole band's, in QA
+    (whose PF gain can make its own rate the faster) the time on air is at most the time it was served."""
+    g = torch.Generator().manual_seed(seed)
+    R = int(torch.randint(1, 65, (1,), generator=g))
+    E = 3
+    snr_db = -10 + 50 * torch.rand(E, R, generator=g, dtype=F64)
+    sizes = 1e3 + 59e3 * torch.rand(E, R, generator=g, dtype=F64)
+    p = float(torch.rand((), generator=g, dtype=F64))
+    tx_dbm = 10 + 13 * torch.rand(E, R, generator=g, dtype=F64)
+    bound_w = 10 ** ((tx_dbm - 30) / 10) * CFG.step_s
+    engines = {lv: make_engine(lv, E, R, dtype=F64, seed=seed) for lv in ("L1", "QA")}
+    for _ in range(6):
+        send = (torch.rand(E, R, generator=g, dtype=F64) < p).to(F64)
+        for lv, e in engines.items():
+            out = e.step(send, sizes, snr_db=snr_db, tx_dbm=tx_dbm)
+            assert bool((out["energy_j"] >= 0).all())
+            assert bool((out["energy_j"] <= bound_w * (1 + 1e-9)).all()), lv
 
 
 def test_qa_sr_offset_only_when_queue_was_empty():

@@ -173,6 +173,8 @@ class _Tape(typing.NamedTuple):
     fin: torch.Tensor
     se_f: torch.Tensor
     d_vf: torch.Tensor
+    sm: torch.Tensor
+    d_sm: torch.Tensor
     tx_s: torch.Tensor
     done: torch.Tensor
     w2: torch.Tensor
@@ -237,10 +239,13 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     rest[:-1] += q[1:]
     finish_s = frac * avail + sr_s
     fin = c * finish_s * k.inv_step_s
-    # on air for the bytes sent (q_0 = smin(cum_0, served)) at the whole band's rate (model.on_air_s)
+    # on air for the bytes sent (q_0 = smin(cum_0, served)) at smax(the whole band's rate, its own rate)
+    # (model.on_air_s): smax(rb, rate) = rb smax(rate / rb, 1)
     vf, d_vf = smin1_vjp(torch.log1p(snr_lin / k.subbands) * (k.inv_ln2 * k.inv_se_max), k.temp)
     se_f = vf * k.se_max
-    tx_s = q[0] / (se_f * k.subbands * k.kappa)
+    rb = se_f * k.subbands * k.kappa
+    sm, d_sm = smax1_vjp(rate / rb, k.temp, clamp=False)  # rate > 0 at tau > 0 (see above)
+    tx_s = q[0] / (rb * sm)
 
     outputs, done, w2, none_yet, aoi_coef = _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s,
                                                             msg_bytes, overflow, k)
@@ -249,7 +254,8 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
                           ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
                           snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
                           served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
-                          finish_s=finish_s, fin=fin, se_f=se_f, d_vf=d_vf, tx_s=tx_s, done=done, w2=w2,
+                          finish_s=finish_s, fin=fin, se_f=se_f, d_vf=d_vf, sm=sm, d_sm=d_sm, tx_s=tx_s,
+                          done=done, w2=w2,
                           none_yet=none_yet, aoi_coef=aoi_coef, rest=rest)
 
 
@@ -339,10 +345,10 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_delivered = grads.delivered + g_tput * s.msg_bytes
     g_w2, g_keep, g_rest, g_aoi = _adjoint_shift(s, grads, k, needs)
     g_f = _adjoint_none_yet(s, grads.aoi, k)
-    g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail, g_sr_s = _adjoint_kpis(
+    g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s = _adjoint_kpis(
         s, grads, g_delivered, g_w2, g_f, k, needs)
     g_x1, g_served = _adjoint_completion(s, g_rest, g_c, g_frac, g_q0, k)
-    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_avail, g_sr_s, g_w1, k, needs)
+    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_rate_e, g_avail, g_sr_s, g_w1, k, needs)
     if g_snr is not None:
         g_snr += g_snr_f
     g_x, g_w, g_send, g_bytes = _adjoint_capture(s, g_w1, g_x1, g_m0, grads.overflow, g_tput, k, needs)
@@ -389,29 +395,36 @@ def _adjoint_none_yet(s: _Tape, g_aoi_next: torch.Tensor, k: _Consts) -> torch.T
 
 
 def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, needs: StepArgs) -> tuple:
-    """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail,
-    g_sr_s)``, the service's parts so far (``g_tx_w`` and the energy's ``g_snr_f`` None unless needed)."""
+    """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac,
+    g_avail, g_sr_s)``, the service's parts so far (``g_tx_w`` and the energy's ``g_snr_f`` None unless
+    needed)."""
     g_delay, g_energy = grads.delay_sum, grads.energy_j
     # w2 = w1 - done; delay_sum = sum(done ages + w1 fin); delivered = sum(done); done = w1 c.
     g_done = (g_delay * k.ages).add_(g_delivered).sub_(g_w2).sub_(g_f)
     g_w1 = (g_delay * s.fin).add_(g_w2).add_(g_done * s.c)
     g_fin = g_delay * s.w1
     g_c = g_done * s.w1
-    # energy = tx_w tx_s; tx_s = q_0 / (se_f S kappa); se_f = se_max smin(y_f / se_max, 1);
-    # y_f = log2(1 + snr / S).
+    # energy = tx_w tx_s; tx_s = q_0 / d, d = rb sm(u), u = rate / rb, sm = smax(., 1); rb = se_f S kappa;
+    # se_f = se_max smin(y_f / se_max, 1), y_f = log2(1 + snr / S).
     g_tx_w = g_energy * s.tx_s if needs.tx_w else None
     g_tx = g_energy * s.tx_w
-    g_q0 = g_tx / (s.se_f * k.subbands * k.kappa)
+    rb = s.se_f * k.subbands * k.kappa
+    u = s.rate / rb
+    d = rb * s.sm
+    g_q0 = g_tx / d
+    g_d = -g_tx * s.tx_s / d
+    g_rate_e = g_d * s.d_sm  # dd / drate = sm'(u)
     g_snr_f = None
-    if needs.snr_lin:
-        g_snr_f = -(g_tx * s.tx_s / s.se_f) * s.d_vf * k.inv_ln2 / (s.snr_lin + k.subbands)
+    if needs.snr_lin:  # dd / drb = sm - u sm'(u)
+        g_rb = g_d * (s.sm - u * s.d_sm)
+        g_snr_f = g_rb * (k.subbands * k.kappa) * s.d_vf * k.inv_ln2 / (s.snr_lin + k.subbands)
     # fin = c finish / T_step; finish = sr_s + frac avail.
     g_c += g_fin * s.finish_s * k.inv_step_s
     g_finish = g_fin * s.c * k.inv_step_s
     g_sr_s = g_finish.sum(0)
     g_frac = g_finish * s.avail
     g_avail = (g_finish * s.frac).sum(0)
-    return g_w1, g_c, g_tx_w, g_q0, g_snr_f, g_frac, g_avail, g_sr_s
+    return g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s
 
 
 def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tuple:
@@ -435,15 +448,15 @@ def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tupl
     return g_x1, g_served
 
 
-def _adjoint_rate(s: _Tape, g_served, g_avail, g_sr_s, g_w1, k: _Consts, needs: StepArgs) -> tuple:
-    """2. The rate: served = rate avail down to the allocation, the PF gain and the busy robots.
-    Adds into ``g_avail`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)`` (``g_snr``, ``g_m`` None
-    unless needed)."""
+def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, k: _Consts, needs: StepArgs) -> tuple:
+    """2. The rate: served = rate avail (and the energy's ``g_rate_e``, its gradient in the rate) down
+    to the allocation, the PF gain and the busy robots. Adds into ``g_avail`` and ``g_w1`` (in place);
+    ``(g_m0, g_snr, g_m)`` (``g_snr``, ``g_m`` None unless needed)."""
     # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
     g_avail += g_served * s.rate
     g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
     # rate = alloc se kappa.
-    g_rate0 = g_served * s.avail * k.kappa
+    g_rate0 = (g_served * s.avail + g_rate_e) * k.kappa
     g_alloc = g_rate0 * s.se
     g_se = g_rate0 * s.alloc
     # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, 1).

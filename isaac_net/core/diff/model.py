@@ -129,13 +129,15 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
     return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau), rest
 
 
-def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau):
+def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None):
     """The transmit time of L1D and QAD ``[E, R]``, s: the bytes the robot sent in the step (``x - rest``
     ``[E, R, A]``, summed) at the rate of the whole band, ``S smin(log2(1 + snr / S), se_max)``
-    ``bytes_per_se_s`` (the discrete levels' rule, ``levels.base.on_air_s``)."""
+    ``bytes_per_se_s``, or (``own_rate`` ``[E, R]`` B/s, QAD's) at ``smax`` of that and its own rate:
+    the discrete levels' rule, ``levels.base.on_air_s``."""
     S = float(cfg.num_subbands)
     se = relax.smin(torch.log1p(snr_lin / S) / math.log(2.0), cfg.se_max, tau)  # log1p: > 0 at -150 dB
-    return (x - rest).sum(-1) / (S * se * cfg.bytes_per_se_s)
+    rate = S * se * cfg.bytes_per_se_s
+    return (x - rest).sum(-1) / (rate if own_rate is None else relax.smax(rate, own_rate, tau))
 
 
 def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
@@ -246,7 +248,7 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     # The prefix up to a message takes the part frac of the interval: smin(cum, served) / rate.
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau), rest
+    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate), rest
 
 
 class StepInputs(typing.NamedTuple):

@@ -291,14 +291,18 @@ def partial_remaining(q: Queue, cum: torch.Tensor, served: torch.Tensor, done: t
     return torch.where(done, torch.zeros_like(rem), rem)
 
 
-def on_air_s(sent_bytes: torch.Tensor, snr_lin: torch.Tensor, cfg) -> torch.Tensor:
+def on_air_s(sent_bytes: torch.Tensor, snr_lin: torch.Tensor, cfg, own_rate: torch.Tensor | None = None
+             ) -> torch.Tensor:
     """Transmit time of L1 and QA ``[E, R]``, s: the bytes a robot sent in the step ``sent_bytes``
     ``[E, R]`` at the rate of the whole band, ``S min(log2(1 + snr / S), se_max) bytes_per_se_s`` (its
-    power spread over the S subbands; ``snr_lin`` ``[E, R]`` with it in one subband). Sharing the band
+    power spread over the S subbands; ``snr_lin`` ``[E, R]`` with it in one subband), or at the rate it
+    was served at ``own_rate`` ``[E, R]`` B/s where that is the faster (QA's, whose PF gain can make it
+    so: a robot is not on air longer than it was served). L1's own rate never is. Sharing the band
     makes a robot wait for its turn, not transmit longer: L2-legacy grants each subband of a slot to
     one robot and charges a robot's energy by the slots it is granted, whatever their width, so its
     energy per byte hardly moves with the fleet size where an equal split of every slot's band would
     charge a robot for the whole time it waits (docs/design.md, "Transmit energy")."""
     S = float(cfg.num_subbands)
     se = torch.clamp(torch.log1p(snr_lin / S) / math.log(2.0), max=cfg.se_max)  # log1p: > 0 at -150 dB
-    return sent_bytes / (S * se * cfg.bytes_per_se_s)
+    rate = S * se * cfg.bytes_per_se_s
+    return sent_bytes / (rate if own_rate is None else torch.maximum(rate, own_rate))

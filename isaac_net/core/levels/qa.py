@@ -13,7 +13,8 @@ class NetQA(DiscreteLevel):
     ``m = max(floor(snr / snr_req), 1)``, ``alloc = min(share, m)``, PF gain ``G = H(n)``,
     ``se = min(log2(1 + G snr / max(alloc, 1)), se_max)``, rate ``alloc se subband_hz / 8``
     B/s, service starting ``qa_sr_slots`` slots late for a robot whose queue was empty; the transmit
-    time the bytes sent at the rate of the whole band (:func:`~.base.on_air_s`).
+    time the bytes sent at the rate of the whole band, or at ``rate`` where the PF gain makes that the
+    faster (:func:`~.base.on_air_s`).
     The calibration constants scale the rate by ``rate_factor`` and raise the SNR of the
     spectral efficiency and of the headroom cap by ``snr_offset_db``.
     """
@@ -51,5 +52,5 @@ class NetQA(DiscreteLevel):
             done=done,
             finish_s=sr_s.unsqueeze(-1) + cum / rate.unsqueeze(-1),
             remaining=partial_remaining(q, cum, served, done),
-            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg),
+            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg, own_rate=rate),
         )
