@@ -3,10 +3,10 @@
 # calls (each compiles in a second process beside its own) and L2-legacy's two slot loops (whose ratio
 # a busy neighbour core moves), on every core the stage sweeps (max(cost.threads)), so that nothing
 # runs beside them; `serial`, the comparisons that hold within themselves (the speed-up at more batch
-# sizes) and the large rollout, on one core beside the other one-core jobs. The merge (rule cost) writes the artifact. One rule per part
-# (a rule's priority is a number, not a function of its wildcards): the serial part starts beside
-# the calibration, so that it is not left running alone at the end while the threads part waits
-# for every core; the threads part last. Defined in a function for the reason stages.smk gives, in a
+# sizes) and the large rollout, on one core beside the other one-core jobs. The merge (rule cost)
+# writes the artifact. One rule per part (a rule's priority is a number, not a function of its
+# wildcards): the serial part starts beside the calibration, so that it is not left running alone at
+# the end while the threads part waits for every core; the threads part last. Defined in a function for the reason stages.smk gives, in a
 # file of its own (Snakemake's lint wants rules and functions apart).
 def cost_part_rule(part, threads, priority):
     """The rule of the cost stage's part `part`."""
