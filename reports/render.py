@@ -545,7 +545,66 @@ def _longest_chain(jobs: dict[Path, dict], upstream: dict[Path, list[Path]]) -> 
     return chain[::-1]
 
 
-def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
+def _of_stages(stage: str, stages: Sequence[str]) -> bool:
+    """Whether a job of ``stage`` belongs to one of ``stages`` (its name, or its name and a part:
+    ``fleet_opt`` holds ``fleet_opt_gradient``)."""
+    return any(stage == s or stage.startswith(s + "_") for s in stages)
+
+
+def replay_span_s(work: list[dict], upstream: dict[str, list[str]], cores: int,
+                  without: Sequence[str] = (), start_s: float = 0.0) -> float | None:
+    """The span of the run's jobs replayed on ``cores`` cores: each job takes its measured ``wall_s``
+    plus ``start_s`` (what a job's own clock does not see: the interpreter, the imports) and
+    ``min(threads, cores)`` cores, and starts once its upstream jobs have ended and enough cores are
+    free; among the jobs ready at a time, the one this run started first goes first (the order stands
+    for the priorities Snakemake applied). The jobs of the stages ``without`` are left out, and so
+    are the edges to them. A model of the scheduler, not a measurement: the page compares it with the
+    span this run measured.
+
+    :param work: ``critical_path``'s ``work`` (``path``, ``stage``, ``wall_s``, ``threads``,
+        ``started_unix``); :param upstream: each job's ``path`` -> the paths of its upstream jobs.
+    :returns: seconds; None where a job's start is not recorded (no order to replay).
+    """
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores: expected a positive int, got {cores!r}")
+    jobs = {w["path"]: w for w in work if not _of_stages(w["stage"], without)}
+    if not jobs or any(not isinstance(w["started_unix"], (int, float)) for w in jobs.values()):
+        return None
+    pending = sorted(jobs, key=lambda p: (jobs[p]["started_unix"], p))
+    ended: set[str] = set()
+    running: list[tuple[float, str]] = []  # (end, path)
+    now, free = 0.0, cores
+    while pending or running:
+        for path in list(pending):
+            need = min(jobs[path]["threads"], cores)
+            if need <= free and all(u in ended or u not in jobs for u in upstream.get(path, ())):
+                pending.remove(path)
+                running.append((now + jobs[path]["wall_s"] + start_s, path))
+                free -= need
+        now = min(end for end, _ in running)
+        for end, path in [r for r in running if r[0] == now]:
+            running.remove((end, path))
+            ended.add(path)
+            free += min(jobs[path]["threads"], cores)
+    return now
+
+
+def replay_start_s(work: list[dict], upstream: dict[str, list[str]], cores: int, span_s: float,
+                   step_s: float = 0.05, max_s: float = 60.0) -> float | None:
+    """The start-up per job (a multiple of ``step_s``, at most ``max_s``) with which ``replay_span_s``
+    of every job first reaches the measured ``span_s``: the one constant that fits the replay to the run.
+    None where no start-up up to ``max_s`` does (or the replay has no order)."""
+    for i in range(int(round(max_s / step_s)) + 1):
+        replayed = replay_span_s(work, upstream, cores, start_s=i * step_s)
+        if replayed is None:
+            return None
+        if replayed >= span_s:
+            return i * step_s
+    return None
+
+
+def critical_path(roots: Sequence[str | Path], base: str | Path = REPO, cores: int | None = None,
+                  without: Sequence[str] = ()) -> dict:
     """The critical path of the job graph the artifacts ``roots`` come from: the chain of jobs, each
     reading an output of the one before, with the largest summed wall time. It is what the pipeline
     takes with every job started as soon as its inputs exist (a lower bound on any schedule).
@@ -559,7 +618,10 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
         ``{"stage", "path", "wall_s", "threads", "started_unix"}``, the torch threads and the start its
         provenance records), ``"work_s"``, their wall times times their threads summed (core-seconds),
         and ``"span_s"``, the first job's start to the last one's end (None where a job's start is not
-        recorded).
+        recorded); with ``cores``, ``"replay_s"``, ``replay_span_s`` of every job on that many cores;
+        where the span is known, ``"replay_start_s"`` (``replay_start_s``: the start-up per job that
+        makes the replay the span) and ``"replay_without_s"``, the replay with that start-up of the
+        jobs not of the stages ``without`` (``"without"``; None without stages).
     :raises ValueError: no roots, a root that is not a job's artifact, or a cycle.
     """
     if not roots:
@@ -586,8 +648,16 @@ def critical_path(roots: Sequence[str | Path], base: str | Path = REPO) -> dict:
     timed = all(isinstance(w["started_unix"], (int, float)) for w in work)
     span_s = (max(w["started_unix"] + w["wall_s"] for w in work) - min(w["started_unix"] for w in work)
               if timed else None)
-    return {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs),
-            "work": work, "work_s": sum(w["wall_s"] * w["threads"] for w in work), "span_s": span_s}
+    out = {"seconds": seconds, "minutes": seconds / 60, "jobs": chain, "n_jobs_total": len(jobs),
+           "work": work, "work_s": sum(w["wall_s"] * w["threads"] for w in work), "span_s": span_s}
+    if cores is not None:
+        ups = {rel(n, base): [rel(u, base) for u in us] for n, us in upstream.items()}
+        start_s = replay_start_s(work, ups, cores, span_s) if span_s is not None else None
+        out |= {"cores": cores, "without": list(without), "replay_s": replay_span_s(work, ups, cores),
+                "replay_start_s": start_s,
+                "replay_without_s": (replay_span_s(work, ups, cores, without, start_s)
+                                     if without and start_s is not None else None)}
+    return out
 
 
 def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
@@ -609,6 +679,12 @@ def traced_critical_path(path: dict, base: str | Path = REPO) -> dict:
         # one key for the sum, over every job of the graph (a key per term would name some 70)
         out["work_s"] = TNum(path["work_s"], _shown(Path(base) / path["work"][0]["path"]),
                              "(sum over the jobs of provenance.wall_s * provenance.torch_threads)")
+    replayed = "(a replay of the jobs' provenance.wall_s on provenance.cpu_count cores, replay_span_s)"
+    for key in ("replay_s", "replay_start_s", "replay_without_s"):
+        if path.get(key) is not None:
+            out[key] = TNum(path[key], _shown(Path(base) / path["work"][0]["path"]), replayed)
+    if path.get("without"):
+        out["without"] = list(path["without"])
     if path.get("span_s") is not None:
         out["span_s"] = TNum(path["span_s"], _shown(Path(base) / path["work"][0]["path"]),
                              "(max over the jobs of provenance.started_unix + provenance.wall_s, "
@@ -757,7 +833,11 @@ def build(artifact_paths: dict[str, str], pending: dict[str, str], profile: str,
             shutil.copyfile(src, figures_dir / src.name)
             figure_links[name] = str((figures_dir / src.name).relative_to(page.parent))
     paths = {k: str(v) for k, v in artifact_paths.items()}
-    critical = traced_critical_path(critical_path(list(sources.values()))) if sources else None
+    cost = artifacts.get("cost", {}).get("provenance", {})
+    cores = cost.get("cpu_count") if isinstance(cost.get("cpu_count"), int) else None
+    without = (cost.get("config", {}).get("run_target_without") or {}).get("stages", [])
+    critical = (traced_critical_path(critical_path(list(sources.values()), cores=cores, without=without))
+                if sources else None)
     text, entries = render_traced(artifacts, paths, pending, profile, figure_links,
                                   sources={k: _shown(v) for k, v in paths.items()}, critical=critical)
     doc = trace_document(text, entries, profile)

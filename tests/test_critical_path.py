@@ -101,16 +101,47 @@ def test_bad_roots_fail_clearly(tmp_path):
         render.critical_path([tmp_path / "no_wall.json"], base=tmp_path)
 
 
-def render_this_run(tmp_path: Path, target_s: float | None, run_target_s: float | None = None) -> str:
+def work(*jobs) -> tuple[list[dict], dict]:
+    """``replay_span_s``'s inputs from ``(path, stage, wall_s, threads, started_unix, upstream paths)``."""
+    keys = ("path", "stage", "wall_s", "threads", "started_unix")
+    return [dict(zip(keys, j[:5], strict=True)) for j in jobs], {j[0]: list(j[5]) for j in jobs}
+
+
+def test_the_replay_waits_for_inputs_and_cores_in_the_runs_order():
+    jobs, ups = work(("a", "fit", 10.0, 1, 0.0, ()), ("b", "fit", 10.0, 1, 1.0, ()),
+                     ("c", "cost_threads", 5.0, 2, 30.0, ("a", "b")), ("d", "study_x", 40.0, 1, 2.0, ()))
+    # 2 cores: a and b side by side (0-10), d after a (10-50), c needs both cores: after d (50-55)
+    assert render.replay_span_s(jobs, ups, 2) == 55.0
+    assert render.replay_span_s(jobs, ups, 1) == 65.0  # one core: one after another; c takes the one core
+    assert render.replay_span_s(jobs, ups, 8) == 40.0  # enough cores: the longest chain, d
+    # without the study: a, b, then c; its start-up added to every job
+    assert render.replay_span_s(jobs, ups, 2, without=["study"]) == 15.0
+    assert render.replay_span_s(jobs, ups, 2, without=["study"], start_s=1.0) == 17.0
+    # the start-up that makes the replay the measured span
+    assert render.replay_start_s(jobs, ups, 2, 58.0) == pytest.approx(1.0)
+    assert render.replay_start_s(jobs, ups, 2, 1e6) is None
+    jobs[0]["started_unix"] = None
+    assert render.replay_span_s(jobs, ups, 2) is None  # no order to replay
+    with pytest.raises(ValueError, match="cores: expected a positive int"):
+        render.replay_span_s(jobs, ups, 0)
+
+
+def render_this_run(tmp_path: Path, target_s: float | None, run_target_s: float | None = None,
+                    without: dict | None = None) -> str:
     """The "This run" section over one cost artifact read after a preparing job; checks its numbers."""
     config = {} if target_s is None else {"critical_path_target_s": target_s}
     config |= {} if run_target_s is None else {"run_target_s": run_target_s}
-    job(tmp_path, "res/prep.json", "prep", 90.0, torch_threads=2)
+    config |= {} if without is None else {"run_target_without": without}
+    # with a replay's target, prep's start is recorded too (a span over both jobs, an order to replay)
+    start = {} if without is None else {"started_unix": 900.0}
+    job(tmp_path, "res/prep.json", "prep", 90.0, torch_threads=2, **start)
     cost = job(tmp_path, "res/cost.json", "cost", 30.0, reads=("res/prep.json",), config=config,
                started_unix=1000.0, git_commit="0123456789abcdef", cpu_count=4, torch_threads=1)
     shutil.copytree(REPO / "reports" / "sections", tmp_path / "sections")
     (tmp_path / "page.md.j2").write_text('{% include "sections/this_run.md.j2" %}')
-    crit = render.traced_critical_path(render.critical_path([cost], base=tmp_path), base=tmp_path)
+    crit = render.traced_critical_path(render.critical_path([cost], base=tmp_path, cores=4,
+                                                            without=(without or {}).get("stages", ())),
+                                       base=tmp_path)
     arts = {"cost": json.loads(cost.read_text())}
     text, entries = render.render_traced(arts, {"cost": str(cost)}, {}, "fixture",
                                          template=tmp_path / "page.md.j2", critical=crit)
@@ -136,6 +167,19 @@ def test_the_page_counts_every_jobs_work_against_the_profile_target(tmp_path):
     assert ("add up to 3.5 core-minutes (all 2 jobs, the fits and the other parts included): at least "
             "0.875 min on 4 cores, whatever the schedule. The target for the `fixture` profile is at most "
             "1 min: met.") in text
+
+
+def test_the_page_estimates_the_span_without_some_stages_by_a_replay(tmp_path):
+    # the graph of the cost artifact: prep (900-990, 2 threads) then cost (1000-1030); span 130 s.
+    # On 4 cores the replay takes 120 s; 5 s of start-up per job makes it the span.
+    text = render_this_run(tmp_path / "w", 600, run_target_s=600, without={"stages": ["prep"], "s": 60})
+    assert "takes 2 min against the 2.17 min measured: with 5 s added to every job" in text
+    assert ("Without the jobs of `prep` (the target below was set before that study was part of the "
+            "profile), the same replay, start-up included, takes 0.583 min") in text
+    assert "The target for the profile without them is at most 1 min: met by that estimate." in text
+    text = render_this_run(tmp_path / "o", 600, run_target_s=600, without={"stages": ["prep"], "s": 30})
+    assert "at most 0.5 min: **not met** by that estimate." in text
+    assert "Without the jobs" not in render_this_run(tmp_path / "n", 600, run_target_s=600)
 
 
 def test_the_committed_full_artifacts_have_a_critical_path():

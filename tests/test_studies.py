@@ -56,6 +56,8 @@ def test_sensitivity_runs_and_reports_every_row():
                 "n_seeds", "fd_step_p", "wall_l2_fd_s"):
         assert key in out["summary"]
     assert {m["points"] for m in out["metrics"]} == {"stage"}
+    v = out["values"][0]
+    assert v["fd_step_p"] == pytest.approx(params["fd_steps"]["p"] * params["R"] / v["R"])
     assert all(len(r["grad"]) == 3 and len(r["fd"]) == 3 for r in out["rows"])
     assert {r["verdict"] for r in out["rows"]} <= set(sensitivity.VERDICTS)
 
@@ -98,6 +100,20 @@ def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
     for k in sensitivity.KPIS:
         torch.testing.assert_close(per[k][0], res[k].to(per[k].dtype))
         assert env[k].shape == (3,)
+
+
+def test_fd_step_in_p_flips_the_same_sends_per_cell_at_every_fleet_size():
+    """At R robots the half step in p is the stage's times R_stage / R: 2 h R is the stage's; the
+    other inputs' steps are the stage's; a bad R is named."""
+    params = tiny("sensitivity", R=8, fd_steps={"p": 0.05, "kbytes": 2.0, "tx_db": 1.0, "dist_m": 5.0})
+    assert sensitivity.fd_steps_at(params, 8) == {"p": 0.05, "kbytes": 2.0, "tx_db": 1.0, "dist_m": 5.0}
+    at48 = sensitivity.fd_steps_at(params, 48)
+    assert at48["p"] == pytest.approx(0.05 / 6) and 2 * at48["p"] * 48 == pytest.approx(2 * 0.05 * 8)
+    assert {k: at48[k] for k in ("kbytes", "tx_db", "dist_m")} == {"kbytes": 2.0, "tx_db": 1.0, "dist_m": 5.0}
+    assert params["fd_steps"]["p"] == 0.05  # the stage's steps are not changed in place
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="R: expected a positive int"):
+            sensitivity.fd_steps_at(params, bad)
 
 
 def test_fd_runs_share_random_numbers():

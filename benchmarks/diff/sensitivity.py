@@ -16,7 +16,10 @@ sizes and send uniforms (generator ``seed + index``); all replicates run batched
 of one engine, so their fading streams are independent. With binary sends ``u < p`` the
 finite difference in ``p`` is that of a step function averaged over seeds: only sends
 whose uniform lies within ``h`` of ``p`` change, so the step must be large enough for
-many to (the default 0.05 changes about 10 % of the sends).
+many to (the default 0.05 changes about 10 % of the sends). At a point with another fleet
+size than the stage's the step in ``p`` is scaled by ``R_stage / R`` (``fd_steps_at``): it
+changes the same expected number of sends per cell and step, and the same share of the
+cell's offered load, at every fleet size (a fixed step would span the knee of a large cell).
 
 Every model runs uncalibrated and with its calibration (``calibration.json`` of the
 calibrate stage, ``Calibration.apply``, at the temperature it was fitted at,
@@ -160,6 +163,17 @@ def l2_fd(base, n_seeds, T, warmup, steps, engine_seed, cfg, dtype, level,
     return fd, vals[(None, 0.0)]
 
 
+def fd_steps_at(params: dict, R: int) -> dict:
+    """The central-difference half steps at a point with ``R`` robots per cell: ``params["fd_steps"]``,
+    the one in ``p`` scaled by ``params["R"] / R``, so that ``2 h R`` (the expected sends a step of
+    each sign changes per cell and step) is the stage's at every fleet size."""
+    if isinstance(R, bool) or not isinstance(R, int) or R < 1:
+        raise ValueError(f"R: expected a positive int (robots per cell), got {R!r}")
+    steps = {k: float(v) for k, v in params["fd_steps"].items()}
+    steps["p"] *= int(params["R"]) / R
+    return steps
+
+
 def ops_by_name(params: dict) -> dict:
     """The operating points ``{name: point}`` in config order (``params["ops"]``: a list of named points)."""
     return {op["name"]: op for op in params["ops"]}
@@ -193,7 +207,7 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     n_seeds, T, warmup = (int(params[k]) for k in ("n_seeds", "T", "warmup"))
     per = int(op.get("envs_per_seed", params["envs_per_seed"]))
     R = int(op.get("R", params["R"]))
-    steps = params["fd_steps"]
+    steps = fd_steps_at(params, R)
     models = [m for m in model_list(params) if not m[2] or (m[0], m[1]) in cals]
     # One stream per operating point: a point's bootstrap does not depend on the others.
     rng = np.random.default_rng([int(params["seed"]), sorted(ops_by_name(params)).index(op_name)])
@@ -215,7 +229,7 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
             base, mode, sends, n_seeds, T, warmup, tau, float(params["lam"]), mcfg)
     t2 = time.perf_counter()
     values = {"op": op_name, "held_out": bool(op.get("held_out", False)), "p": float(op["p"]), "R": R,
-              "envs_per_seed": per,
+              "envs_per_seed": per, "fd_step_p": steps["p"],
               "sizes_bytes": [float(b) for b in op["sizes_bytes"]], "tx_dbm": float(op.get("tx_dbm", 23.0)),
               "area_m": [float(x) for x in op.get("area_m", [40.0, 140.0])],
               "L2": {KPI_LABEL[k]: float(l2_vals[k].mean()) for k in KPIS},

@@ -407,14 +407,14 @@ class Kernel:
                              f"tuple of them, got {dim!r}")
         self.fn, self.dim = fn, symbolic
         self._names = list(inspect.signature(fn).parameters)
-        dims = dict(dims or {})
-        for name, d in dims.items():
+        checked = {}
+        for name, d in (dims or {}).items():
             if name not in self._names or (d is not None and _symbolic_dims(d, negative=True) is None):
                 raise ValueError(f"Kernel({fn.__name__}): dims maps parameter names to a negative int, "
                                  f"a tuple of them or None, got {name!r}: {d!r}")
-            dims[name] = () if d is None else _symbolic_dims(d, negative=True)
+            checked[name] = () if d is None else _symbolic_dims(d, negative=True)
         # Per argument: its symbolic dimensions counted from the end (() : all static).
-        self._dims = [dims.get(name, symbolic) for name in self._names]
+        self._dims = [checked.get(name, symbolic) for name in self._names]
         self.inductor = dict(inductor or {})  # inductor settings of this kernel's compile (part of its key)
         self._dynamo = None  # torch.compile(fn) at the first compile: importing dynamo takes seconds
         self._graphs: list[_Graph] = []

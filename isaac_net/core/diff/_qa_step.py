@@ -17,10 +17,11 @@ cell):
     x_0 \leftarrow w_0 B,\ cum_a = \sum_{k \ge a} x_k,\ b = \mathrm{smin}(\sum_a w_a, 1),\
     n = \sum_r b,\ sh = S / \mathrm{smax}(n, 1),\ al = m\,\mathrm{smin}(sh / m, 1),\\
     se = \mathrm{smin}(\log_2(1 + H(n)\,snr / \mathrm{smax}(al, 1)), se_{max}),\
-    av = T_{step} - (1 - \mathrm{smin}(m_0, 1))\,T_{SR},\ S = al\,se\,\kappa\,av,\\
-    z_a = (\log S - \log cum_a)/\tau,\ c = \sigma(z),\ q = cum\,c^\tau,\
+    av = T_{step} - (1 - \mathrm{smin}(m_0, 1))\,T_{SR},\ srv = al\,se\,\kappa\,av,\\
+    z_a = (\log srv - \log cum_a)/\tau,\ c = \sigma(z),\ q = cum\,c^\tau,\
     frac = (1 - c)^\tau,\ rest_a = x_a - q_a + q_{a+1},\\
-    tx = q_0 / (S\,\mathrm{smin}(\log_2(1 + snr / S), se_{max})\,\kappa)\ \text{(on air for the bytes sent)}.
+    tx = q_0 / \mathrm{smax}(S\,\mathrm{smin}(\log_2(1 + snr / S), se_{max})\,\kappa,\ al\,se\,\kappa)\
+    \text{(on air for the bytes sent, at the faster of the band's rate and its own)}.
 
 The AoI is written as ``1 + sum_{a < A-1} P_a + (aoi + 1 - A) P_{A-1}`` with
 ``P = cumprod(1 - w c)`` (the same value as ``model._step``'s sum over the freshest
