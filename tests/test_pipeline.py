@@ -847,15 +847,17 @@ def test_the_run_section_spans_the_stages_and_judges_the_target(tmp_path):
     arts["cost"]["provenance"]["config"]["run_target_s"] = 1.0  # less than the work over 2 cores
     assert "**not met**: the work alone is more than 2 cores" in section(
         build_page(tmp_path / "short", arts), "## This run")
-    # The box's yardstick: the span scaled by the reference box's per-slot autograd time over this run's.
+    # The box's yardstick: stated where measured; the span scaled by a reference box's over this run's.
     arts["cost"]["provenance"]["config"]["run_target_s"] = last + 60.0
-    arts["cost"]["provenance"]["config"]["box_reference"] = {"E": 16, "per_slot_autograd_s": 3.6,
-                                                             "commit": "93356fe"}
+    arts["cost"]["summary"]["yardstick_s"] = 0.9
+    run = section(build_page(tmp_path / "box0", arts), "## This run")
+    assert "took 0.9 s in this run, with nothing beside it. No reference box is recorded" in run
+    arts["cost"]["provenance"]["config"]["box_reference"] = {"yardstick_s": 1.8, "commit": "93356fe"}
     run = section(build_page(tmp_path / "box", arts), "## This run")
-    assert "1.8 s in this run, 3.6 s on the box of the page measured at `93356fe`" in run
-    # the yardstick runs the library's slot step: the scaled span is stated, no verdict drawn from it
-    assert f"about {2 * last / 60:.3g} min on that box. That figure is no measurement of the box" in run
-    assert "target there" not in run
+    assert "On the box of the page at `93356fe` it took 1.8 s (`cost.box_reference`)" in run
+    assert f"about {2 * last / 60:.3g} min there, **over the target**." in run
+    arts["cost"]["provenance"]["config"]["box_reference"]["yardstick_s"] = 0.9
+    assert "min there, within the target." in section(build_page(tmp_path / "box2", arts), "## This run")
     arts["cost"]["provenance"]["git_commit"] = "f" * 40
     run = section(build_page(tmp_path / "two", arts), "## This run")
     assert "more than one commit" in run and "**not met** (not one run)" in run
@@ -1371,8 +1373,13 @@ def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage
         "forward_s": 1.0, "backward_s": 1.0, "first_call_s": 1.0, "import_s": 0.5, "first_forward_s": 1.0,
         "first_backward_s": 1.0, "peak_rss_mib": 300.0})
     monkeypatch.setattr(cost.torch.cuda, "is_available", lambda: False)
+    yards = []  # the box's yardstick: measured once, in the part that has every core to itself
+    monkeypatch.setattr(cost, "yardstick_s", lambda repeats: yards.append(repeats) or 0.7)
     for p in cost.PARTS:
         cost.main(Stage(), params, {"json": str(tmp_path / f"{p}.json")}, part=p)
+    assert yards == [params["repeats"]]
+    assert [written[str(tmp_path / f"{p}.json")]["yardstick_s"] for p in cost.PARTS] == [
+        0.7 if p == "threads" else None for p in cost.PARTS]
     assert sorted(seen) == list(range(len(jobs))) and seen != sorted(seen)  # all once, out of order
     for p in cost.PARTS:
         (tmp_path / f"{p}.json").write_text(json.dumps(written[str(tmp_path / f"{p}.json")]))
@@ -1382,8 +1389,21 @@ def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage
     assert [(r["variant"], r["E"], r["threads"]) for r in table] == [
         (cost._variant(j), j["E"], j["threads"]) for j in jobs]
     assert not any("job" in r for r in table)
+    assert written["cost.json"]["summary"]["yardstick_s"] == 0.7
     with pytest.raises(ValueError, match="part: expected one of serial, threads, merge or none"):
         cost.main(Stage(), params, {}, part="gpu")
+
+
+def test_the_yardstick_times_a_fixed_workload_on_one_thread_and_restores_the_threads():
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    threads = cost.torch.get_num_threads()
+    seconds = cost.yardstick_s(1, steps=50)
+    assert seconds > 0.0 and seconds != float("inf") and cost.torch.get_num_threads() == threads
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="repeats: expected a positive int"):
+            cost.yardstick_s(bad)
 
 
 def test_compile_pays_for_itself_after_the_rollouts_its_first_call_costs():

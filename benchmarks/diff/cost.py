@@ -371,22 +371,50 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     None (every row, in this job)."""
     if part == "merge":
         parts = [json.loads(open(path).read()) for path in out["parts"]]
+        yard = next((p["yardstick_s"] for p in parts if p.get("yardstick_s") is not None), None)
         # the job index orders the merged table as one job would have
         rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["job"])
         unavailable = {k: v for p in parts for k, v in p["unavailable"].items()}
         devices = list(dict.fromkeys(d for p in parts for d in p["devices"]))
-        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out)
+        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out, yard)
         return
     if part not in (None, *PARTS):
         raise ValueError(f"part: expected one of {', '.join(PARTS)}, merge or none, got {part!r}")
     devices = [stage.device] + (["cuda"] if stage.device == "cpu" and torch.cuda.is_available() else [])
     jobs = [{**j, "job": i} for i, j in enumerate(j for dev in devices for j in _jobs(params, dev))]
+    # the box's yardstick where nothing runs beside it: in the part that has every core to itself
+    yard = yardstick_s(int(params["repeats"])) if part in (None, "threads") else None
     rows, unavailable = _measure_all([j for j in jobs if part is None or j["part"] == part], params)
     if part is None:
-        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out)
+        _summarise(stage, params, _common(params), devices, _unindexed(rows), unavailable, out, yard)
     else:
         stage.write_json(out["json"], {"part": part, "rows": rows, "unavailable": unavailable,
-                                       "devices": devices})
+                                       "devices": devices, "yardstick_s": yard})
+
+
+def yardstick_s(repeats: int, steps: int = 10000) -> float:
+    """A box's speed, independent of the library's code: the best of ``repeats`` passes of a fixed
+    chain of ``steps`` small torch ops (``[16, 8, 10]``: the stages' kind of work, per-op overhead more
+    than arithmetic), forward and backward, on one thread, s. Its ratio between two runs compares
+    their boxes where the library's own timings also move with the code."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x0 = torch.rand(16, 8, 10, generator=torch.Generator().manual_seed(0))
+        best = math.inf
+        for _ in range(repeats):
+            x = x0.clone().requires_grad_()
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(steps):
+                y = torch.sigmoid(y * 1.01 - 0.2).cumsum(-1) * 0.1
+            y.sum().backward()
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _unindexed(rows: list) -> list:
@@ -434,8 +462,9 @@ def _measure_job(job: dict, common: dict, params: dict, dirs: dict, rows: list, 
 
 
 def _summarise(stage, params: dict, common: dict, devices: list, rows: list, unavailable: dict,
-               out: dict) -> None:
-    """The speed-ups, the compile warm-up, the targets and the summary, written with the table."""
+               out: dict, yard: float | None = None) -> None:
+    """The speed-ups, the compile warm-up, the targets and the summary (``yard``: ``yardstick_s``'s
+    time, None where not measured), written with the table."""
     from isaac_net.core import CellConfig
 
     for r in rows:
@@ -490,6 +519,7 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
         "compile_available": any(r["compile"] and r["available"] for r in rows),
         "cuda_available": "cuda" in devices,
         "num_failed": sum(not r["available"] for r in rows),
+        "yardstick_s": yard,
     }
     stage.write_json(out["json"], {"summary": summary, "table": rows, "speedups": speedups,
                                    "warmups": warmups, "targets": targets, "l2_backends": l2_backends,
