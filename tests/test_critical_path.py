@@ -117,6 +117,10 @@ def test_the_replay_waits_for_inputs_and_cores_in_the_runs_order():
     # without the study: a, b, then c; its start-up added to every job
     assert render.replay_span_s(jobs, ups, 2, without=["study"]) == 15.0
     assert render.replay_span_s(jobs, ups, 2, without=["study"], start_s=1.0) == 17.0
+    # a stage holds its parts, not another stage that shares the start of its name
+    jobs2, ups2 = work(("a", "study", 10.0, 1, 0.0, ()), ("b", "study_part", 10.0, 1, 1.0, ()),
+                       ("c", "studying", 7.0, 1, 2.0, ()))
+    assert render.replay_span_s(jobs2, ups2, 1, without=["study"]) == 7.0
     # the start-up that makes the replay the measured span
     assert render.replay_start_s(jobs, ups, 2, 58.0) == pytest.approx(1.0)
     assert render.replay_start_s(jobs, ups, 2, 1e6) is None
