@@ -198,3 +198,22 @@ def test_the_committed_full_artifacts_have_a_critical_path():
     assert result["n_jobs_total"] >= len(roots)
     traced = render.traced_critical_path(result)
     assert traced["minutes"].value == pytest.approx(result["minutes"])
+
+
+def test_the_slurm_comparison_leaves_the_run_section_out_and_compares_the_rest(tmp_path):
+    """A SLURM run and a local one differ in every timing of "This run" (the span, the replay, the
+    yardstick); tests/slurm/compare_results.py compares the pages' other numbers token by token."""
+    sys.path.insert(0, str(REPO / "tests" / "slurm"))
+    import compare_results
+
+    def page(name: str, run_min: float, checked: float) -> Path:
+        path = tmp_path / name
+        path.write_text(f"## Sensitivity\n\nmedian ratio {checked}\n\n## This run\n\n"
+                        f"A replay takes {run_min} min against the {run_min + 2} min measured.\n\n"
+                        "## Limits\n\n- 3 things.\n")
+        return path
+
+    local, _ = compare_results.page_tokens(page("local.md", 17.9, 0.62))
+    assert local == ["0.62", "3"]
+    assert compare_results.page_tokens(page("slurm.md", 5.86, 0.62))[0] == local
+    assert compare_results.page_tokens(page("other.md", 17.9, 0.65))[0] != local

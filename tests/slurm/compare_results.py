@@ -16,7 +16,8 @@ What is compared (the robust comparison agreed for tests/slurm/run_local_cluster
 2. Rendered pages. Every ``*.md``/``*.html`` the runs wrote: the sequence of numeric
    tokens of all lines must be identical in both, except provenance/timing lines
    (``VOLATILE_LINE``) and sections that as a whole measure time or memory
-   (``VOLATILE_SECTION``, e.g. "## Cost", or "## On a GPU", rates beside the cost stage's).
+   (``VOLATILE_SECTION``, e.g. "## Cost", "## On a GPU", rates beside the cost stage's, or
+   "## This run": the span, the critical path, the replay and the box's yardstick).
 
 Exit code 0 when both agree, 1 otherwise; prints a summary.
 """
@@ -75,7 +76,8 @@ VOLATILE_LINE = re.compile(
     r"\d\s*s\b|, s\b|\bms\b|\btimes?\b|load average|\brss\b|mib|job ?id|slurm|/tmp/)"
 )
 # sections of a rendered page that are measurements of time/memory as a whole
-VOLATILE_SECTION = re.compile(r"(?i)^#+\s*(cost|timing|performance|gradients against black-box|on a gpu)\b")
+VOLATILE_SECTION = re.compile(
+    r"(?i)^#+\s*(cost|timing|performance|gradients against black-box|on a gpu|this run)\b")
 # Artifacts whose numbers follow from budgets of wall time (the black-box optimisers of fleet_opt
 # run for a multiple of the gradient's seconds): compared by presence and keys, not by value.
 WALL_BUDGETED = re.compile(r"(^|/)fleet_opt(\.json$|/)")
