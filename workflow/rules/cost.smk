@@ -6,8 +6,9 @@
 # sizes) and the large rollout, on one core beside the other one-core jobs. The merge (rule cost)
 # writes the artifact. One rule per part (a rule's priority is a number, not a function of its
 # wildcards): the serial part starts beside the calibration, so that it is not left running alone at
-# the end while the threads part waits for every core; the threads part last. Defined in a function for the reason stages.smk gives, in a
-# file of its own (Snakemake's lint wants rules and functions apart).
+# the end while the threads part waits for every core; the threads part last. Defined in a function
+# for the reason stages.smk gives, in a file of its own (Snakemake's lint wants rules and functions
+# apart).
 def cost_part_rule(part, threads, priority):
     """The rule of the cost stage's part `part`."""
 
