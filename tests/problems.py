@@ -67,7 +67,8 @@ def seed_scenario(case: str, seed: int = 1, E: int = 8, R: int = 6, T: int = 50)
     return Scenario(cfg, T, torch.full((E, R), p), B, snr, u, deadline).to()
 
 
-CALIBRATED = CellConfig(rate_factor=0.6, snr_offset_db=5.0, l1_sr_slots=12, qa_sr_slots=20)
+CALIBRATED = CellConfig(rate_factor=0.6, snr_offset_db=5.0, l1_sr_slots=12, qa_sr_slots=20, air_factor=1.8,
+                        air_crowd_exp=0.5)
 
 
 def random_scenario(seed: int, calibrated: bool = False) -> Scenario:
@@ -89,4 +90,7 @@ def random_scenario(seed: int, calibrated: bool = False) -> Scenario:
         cfg = dataclasses.replace(cfg, rate_factor=0.3 + 0.9 * float(torch.rand((), generator=g)),
                                   snr_offset_db=-6.0 + 16.0 * float(torch.rand((), generator=g)),
                                   l1_sr_slots=ri(0, K), qa_sr_slots=ri(0, K))
+        # the time on air's constants drawn last (the draws before them as without)
+        cfg = dataclasses.replace(cfg, air_factor=0.3 + 5.0 * float(torch.rand((), generator=g)),
+                                  air_crowd_exp=-0.5 + 2.0 * float(torch.rand((), generator=g)))
     return Scenario(cfg, T, p, B, snr, u, deadline).to()

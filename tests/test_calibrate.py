@@ -186,7 +186,7 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
     target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
                                                        dataclasses.replace(CellConfig(), **truth),
                                                        tau=0.05, lam=0.1).items()}
-    kw = {**TINY, "envs": 2}
+    kw = {**TINY, "envs": 2, "search": {**TINY["search"], "air_crowd_exp": None}}  # the floors alone
     monkeypatch.setattr(calibrate.search, "check_gradients", _fake_check({16}))
     cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
     assert cal.sr_slots == 4 and cal.gradient_check["stable"]
@@ -200,6 +200,37 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
         flagged = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **kw)
     assert flagged.sr_slots == 16 and not flagged.gradient_check["stable"]
     assert [r["sr_slots"] for r in flagged.gradient_check["rejected"]] == [4]
+
+
+def test_fit_recovers_the_time_on_air_after_the_other_constants():
+    """Targets made by QAD with a known time on air (a factor and a crowd exponent) on top of known
+    constants: the fit finds the other constants as without it, then the exponent and the factor,
+    records the search, and the loss with them is below the loss without."""
+    truth = dict(rate_factor=0.7, snr_offset_db=-6.0, qa_sr_slots=16, air_factor=1.6, air_crowd_exp=0.5)
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob,
+                                                       dataclasses.replace(CellConfig(), **truth),
+                                                       tau=0.05, lam=0.1).items()}
+    # the other constants' search holds the truth alone (Nelder-Mead's one evaluation its start):
+    # what is measured is the time on air's search
+    exact = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (16,)}, "refine_top": 1,
+             "refine_evals": 1}
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, targets=target, **{**TINY, "envs": 2, "search": exact})
+    assert (cal.rate_factor, cal.snr_offset_db, cal.sr_slots) == (0.7, -6.0, 16)
+    assert cal.air_crowd_exp == pytest.approx(0.5, abs=0.05)
+    assert cal.air_factor == pytest.approx(1.6, rel=0.1)
+    rec = cal.setup["air_fit"]
+    assert rec["kept"] and rec["gradient_check_stable"] and rec["bounds"] == [-0.5, 1.5]
+    assert rec["loss"] == cal.train_loss < 1e-3 < rec["loss_without"]
+    assert 3 <= rec["evaluations"] <= 40
+    assert cal.apply().air_crowd_exp == cal.air_crowd_exp  # the constants go into the cell
+    back = calibrate.Calibration.from_dict(cal.to_dict())
+    assert (back.air_factor, back.air_crowd_exp) == (cal.air_factor, cal.air_crowd_exp)
+    old = {k: v for k, v in cal.to_dict().items() if k not in ("air_factor", "air_crowd_exp")}
+    assert calibrate.Calibration.from_dict(old).constants["air_crowd_exp"] == 0.0  # an older entry: plain
+    with pytest.raises(ValueError, match="search\\['air_crowd_exp'\\]: expected None or bounds"):
+        calibrate.fit("QA", "relaxed", grid=GRID, targets=target,
+                      **{**TINY, "envs": 2, "search": {**exact, "air_crowd_exp": [1.0, 0.0]}})
 
 
 def test_fit_on_two_fleet_sizes_recovers_the_constants_and_records_them():

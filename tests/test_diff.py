@@ -77,6 +77,17 @@ def test_calibration_constants_change_the_discrete_level_as_documented(mode):
     assert float(run(snr_offset_db=6.0)["mean_energy_j"]) < float(base["mean_energy_j"])
     torch.testing.assert_close(run(rate_factor=1.0, snr_offset_db=0.0)["energy_j"], base["energy_j"],
                                rtol=0, atol=0)
+    # The time on air: a factor scales the energy where the cap does not bind (below 1 it never does), a
+    # crowd exponent raises it (robots share the cell), the cap keeps every robot within its power for
+    # the whole step.
+    torch.testing.assert_close(run(air_factor=0.5)["energy_j"], 0.5 * base["energy_j"], rtol=1e-6, atol=0)
+    crowded = run(air_crowd_exp=0.5)
+    assert float(crowded["mean_energy_j"]) > 1.2 * float(base["mean_energy_j"])
+    assert bool((crowded["energy_j"] >= base["energy_j"]).all())
+    capped = run(air_factor=100.0)["energy_j"]
+    power_w = 10.0 ** ((s.cfg.tx_dbm - 30.0) / 10.0)  # energy_j: a robot's mean per step
+    assert float(capped.max()) <= power_w * s.cfg.step_s * (1 + 1e-6)
+    assert float(capped.max()) > 0.5 * power_w * s.cfg.step_s  # on air the whole step when it sends
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -428,14 +439,20 @@ def _qa_step_inputs(cfg, g, tau, tau_n, zero_factor: bool):
     return [t.requires_grad_() for t in (x, w, aoi, send, B, snr, tx_w, keep, m)]
 
 
+# A calibrated time on air whose cap binds for some robots of _qa_step_inputs and not for others.
+AIR = dict(air_factor=4.0, air_crowd_exp=0.8)
+
+
 @pytest.mark.parametrize("zero_factor", [False, True], ids=["no-zero-factor", "zero-factor"])
 @pytest.mark.parametrize("sr_slots", [1, 4], ids=["sr-1", "sr-fills-step"])
-def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots):
-    """The fused QAD step (hand-written backward) against autograd of ``model._step``, float64."""
+@pytest.mark.parametrize("air", [{}, AIR], ids=["plain-air", "crowd-air"])
+def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air):
+    """The fused QAD step (hand-written backward) against autograd of ``model._step``, float64; with a
+    calibrated time on air (its crowd factor and cap) too."""
     from isaac_net.core.diff._qa_step import qa_step
     from isaac_net.core.diff.model import _step
 
-    cfg = CellConfig(num_slots=4, qa_sr_slots=sr_slots, timeout_steps=5, buffer_msgs=3)
+    cfg = CellConfig(num_slots=4, qa_sr_slots=sr_slots, timeout_steps=5, buffer_msgs=3, **air)
     tau, tau_n = 0.07, 0.2
     g = torch.Generator().manual_seed(3 + sr_slots)
     inputs = _qa_step_inputs(cfg, g, tau, tau_n, zero_factor)
@@ -445,6 +462,9 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-9)
     if zero_factor:
         assert float(ref[3][1, 1].detach()) == 1.0  # the whole message was delivered: done = 1
+    if air:  # the cap binds somewhere (the energy near tx_w step) and not everywhere
+        share = (outs.energy_j / (inputs[6] * cfg.step_s)).detach()
+        assert float(share.max()) > 0.9 and float(share[share > 0].min()) < 0.5
     weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
     ga = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, outs, strict=True)), inputs)
     gb = torch.autograd.grad(sum((wt * o).sum() for wt, o in zip(weights, ref, strict=True)), inputs)
@@ -453,10 +473,11 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots):
         assert b.abs().sum() > 0, name
 
 
-def test_qa_step_gradcheck():
+@pytest.mark.parametrize("air", [{}, AIR], ids=["plain-air", "crowd-air"])
+def test_qa_step_gradcheck(air):
     from isaac_net.core.diff._qa_step import qa_step
 
-    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4, buffer_msgs=3)
+    cfg = CellConfig(num_slots=4, qa_sr_slots=1, timeout_steps=4, buffer_msgs=3, **air)
     g = torch.Generator().manual_seed(5)
     inputs = [t.detach().clone() for t in _qa_step_inputs(cfg, g, 0.1, 0.2, zero_factor=False)]
     inputs[0][0, 0, 2:], inputs[1][0, 0, 2:] = 500.0, 0.3  # interior points: no empty slot ...
@@ -497,7 +518,8 @@ def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
 
 
 @pytest.mark.parametrize("sends", ["mean_field", "relaxed"])
-def test_qa_rollout_node_steps_and_autograd_agree(sends):
+@pytest.mark.parametrize("air", [{}, AIR], ids=["plain-air", "crowd-air"])
+def test_qa_rollout_node_steps_and_autograd_agree(sends, air):
     """QAD's rollout as one node, the same steps one node each, and autograd through every op of
     ``model._step`` (``slot_grad="autograd"``) give one model: values and gradients over two rollouts
     in a row (the second continues from the first's state, as a constant) with a warm-up, float64."""
@@ -506,7 +528,7 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends):
     out = {}
     for how in ("rollout", "steps", "autograd"):
         p, B, snr, dl = (t.clone().requires_grad_() for t in (s.p, s.B, s.snr_db, s.deadline))
-        net = DiffFluid(3, 4, mode="QA", tau=0.05, cfg=s.cfg, dtype=F64)
+        net = DiffFluid(3, 4, mode="QA", tau=0.05, cfg=dataclasses.replace(s.cfg, **air), dtype=F64)
         if how == "autograd":
             net.slot_grad = "autograd"
         assert net.fused_rollout == (how != "autograd")

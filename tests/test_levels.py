@@ -8,6 +8,7 @@ import torch
 from problems import DEVICES, random_scenario
 
 from isaac_net.core import CellConfig, make_engine
+from isaac_net.core.diff import DiffFluid, rollout
 from isaac_net.core.levels import KPI_KEYS, CudaGraphLevel
 
 F64 = torch.float64
@@ -156,12 +157,18 @@ def test_qa_harmonic_pf_gain():
     assert out["energy_j"][0].tolist() == pytest.approx([P_23DBM_W * 2_000 / rate] * 3, rel=1e-12)
 
 
+@pytest.mark.parametrize("air", [False, True], ids=["plain-air", "crowd-air"])
 @pytest.mark.parametrize("seed", range(6))
-def test_time_on_air_never_exceeds_the_step(seed):
+def test_time_on_air_never_exceeds_the_step(seed, air):
     """Over random cells (R = 1-64, SNR -10 to 40 dB, 1-60 kB, loads to overload), a robot's energy is
     at most its power for the whole step: in L1 its share's rate is at most the whole band's, in QA
-    (whose PF gain can make its own rate the faster) the time on air is at most the time it was served."""
+    (whose PF gain can make its own rate the faster) the time on air is at most the time it was served;
+    with a calibrated time on air (a factor to 5, a crowd exponent to 1.5) the cap holds it there."""
     g = torch.Generator().manual_seed(seed)
+    cfg = CFG
+    if air:
+        draw = torch.rand(2, generator=torch.Generator().manual_seed(100 + seed), dtype=F64).tolist()
+        cfg = dataclasses.replace(CFG, air_factor=0.5 + 4.5 * draw[0], air_crowd_exp=-0.5 + 2.0 * draw[1])
     R = int(torch.randint(1, 65, (1,), generator=g))
     E = 3
     snr_db = -10 + 50 * torch.rand(E, R, generator=g, dtype=F64)
@@ -169,13 +176,17 @@ def test_time_on_air_never_exceeds_the_step(seed):
     p = float(torch.rand((), generator=g, dtype=F64))
     tx_dbm = 10 + 13 * torch.rand(E, R, generator=g, dtype=F64)
     bound_w = 10 ** ((tx_dbm - 30) / 10) * CFG.step_s
-    engines = {lv: make_engine(lv, E, R, dtype=F64, seed=seed) for lv in ("L1", "QA")}
+    engines = {lv: make_engine(lv, E, R, dtype=F64, seed=seed, cfg=cfg) for lv in ("L1", "QA")}
     for _ in range(6):
         send = (torch.rand(E, R, generator=g, dtype=F64) < p).to(F64)
         for lv, e in engines.items():
             out = e.step(send, sizes, snr_db=snr_db, tx_dbm=tx_dbm)
             assert bool((out["energy_j"] >= 0).all())
             assert bool((out["energy_j"] <= bound_w * (1 + 1e-9)).all()), lv
+    for mode in ("L1", "QA"):  # the fluid models at tau > 0: smin's cap is below the hard one
+        k = rollout(DiffFluid(E, R, mode=mode, tau=0.1, cfg=cfg, dtype=F64), 6, torch.full((E, R), p), sizes,
+                    snr_db=snr_db, tx_dbm=tx_dbm)
+        assert bool((k["energy_j"] >= 0).all()) and bool((k["energy_j"] <= bound_w * (1 + 1e-9)).all()), mode
 
 
 def test_qa_sr_offset_only_when_queue_was_empty():

@@ -336,7 +336,8 @@ def calibration_artifact() -> dict:
            "heldout": {"p": [0.5], "sizes_bytes": [12000], "tx_dbm": [18.0]},
            "sweep": {"p": [0.2, 0.8], "sizes_bytes": [12000, 20000], "tx_dbm": [23.0]},
            "search": {"rate_factor": [0.5, 1.0], "snr_offset_db": [-4.0, 0.0], "sr_slots": {"L1": [0, 16]},
-                      "tau": [0.05, 0.2], "qa_snr_req_db": [15.0, 5.0], "refine_top": 1, "refine_evals": 30},
+                      "tau": [0.05, 0.2], "qa_snr_req_db": [15.0, 5.0], "refine_top": 1, "refine_evals": 30,
+                      "air_crowd_exp": [-0.5, 1.5], "air_evals": 30},
            "cell": {}}
     setup = {"loss_weights": {"mean_delay": 1.0, "mean_aoi": 1.0, "mean_energy_j": 0.5,
                               "delivery_ratio": 1.0},
@@ -362,7 +363,9 @@ def calibration_artifact() -> dict:
     fleet = [{**row, **forms},
              {**row, "R": 16, "train_points": 4, "model_envs": 2, "rate_factor": 0.397,
               "snr_offset_db": -3.4, "tau": 0.3, "train_loss": 0.318, "heldout_loss": 0.29, "loss_own": 0.318,
-              "loss_ref_constants": 1.73, "loss_line": None, "loss_interpolated": None, "fit_s": 41.5}]
+              "loss_ref_constants": 1.73, "loss_line": None, "loss_interpolated": None, "fit_s": 41.5,
+              "air_factor": 1.9, "air_crowd_exp": 0.35,
+              "air_fit": {"kept": True, "loss_without": 0.402, "loss": 0.318, "evaluations": 31}}]
     return {"format": "isaac_net.calibration", "version": 1, "calibrations": [{"mode": "L1", "setup": setup}],
             "summary": {"models": 1, "grid_points": 4, "heldout_points": 1, "envs_per_point": 16,
                         "model_envs_per_point": 4, "model_robots": 32, "R": 8, "fleet_sizes": 2, "R_min": 8,
@@ -371,7 +374,7 @@ def calibration_artifact() -> dict:
                         "lam": 0.1,
                         "area_lo_m": 40.0, "area_hi_m": 140.0, "all_improve_sweep": True, "sweep_points": 4,
                         "worst_heldout_loss": 0.222, "all_improve_heldout": True,
-                        "all_gradients_stable": True, "floors_rejected": 1},
+                        "all_gradients_stable": True, "floors_rejected": 1, "air_fits": 1, "air_kept": 1},
             "table": [row], "fleet": fleet, "figure": "calibration.png",
             "provenance": _prov("calibration", cfg)}
 
@@ -644,8 +647,13 @@ def test_numbers_land_in_their_sections(tmp_path):
             "then") in cal
     assert ('then `net = cal.model(E, R)`, the same as `DiffFluid(E, R, mode="L1", tau=cal.at(R).tau, '
             'cfg=cal.apply(CellConfig(), R=R))`') in cal
-    assert ("| L1D relaxed | 16 | 4 | 0.397 | -3.4 | 16 | – | 0.3 | 18.1 | 0.318 | 1.73 | – | – | 24.6 | "
-            "0.29 |") in cal
+    assert ("| L1D relaxed | 16 | 4 | 0.397 | -3.4 | 16 | – | 0.3 | 1.9 | 0.35 | 18.1 | 0.318 | 1.73 | – "
+            "| – | 24.6 | 0.29 |") in cal
+    assert "| 0.508 | -2.63 | 16 | – | 0.2 | – | – | 18.1 | 0.257 |" in cal  # R = 8: an entry without them
+    assert ("within [-0.5, 1.5], at most 30 evaluations, from no crowd exponent and the factor that brings "
+            "the energy to L2-legacy's there; they are kept where they lower the training loss and the "
+            "gradient check still passes: at 1 of 1 fits. The training loss without them and with them: "
+            "L1D relaxed at R = 16 0.402 → 0.318.") in cal
     assert "L1D relaxed at R = 8 55 s; L1D relaxed at R = 16 41.5 s." in cal
     assert ("At R = 16 the constants of R = 8 give training losses of 1.73–1.73 against 0.318–0.318 of the "
             "size's own fit.") in cal

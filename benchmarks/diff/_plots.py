@@ -94,7 +94,9 @@ def sweep_kpis(sweep: dict) -> tuple:
 
 # The constants of a calibration against the fleet size (the fleet row of :func:`calibration_sweep`).
 _CONSTANTS = (("rate_factor", "capacity factor", True), ("snr_offset_db", "SNR offset, dB", False),
-              ("sr_slots", "latency floor, slots", False), ("tau", "temperature tau", True))
+              ("sr_slots", "latency floor, slots", False), ("tau", "temperature tau", True),
+              ("air_factor", "time on air: factor", True),
+              ("air_crowd_exp", "time on air: crowd exponent", False))
 
 
 def _fleet_row(axes, fleet: dict) -> None:
@@ -119,7 +121,7 @@ def calibration_sweep(sweep: dict, path: str, kpi_label: dict, fleet: dict | Non
 
     :input sweep: ``points`` (p, size_bytes, ...), ``L2-legacy`` {kpi: [per point]} and
         ``models`` {model: {"uncalibrated"|"calibrated": {kpi: [per point]}}}.
-    :input fleet: {model: [{"R", "rate_factor", "snr_offset_db", "sr_slots", "tau"}]} (ascending R).
+    :input fleet: {model: [{"R", and each constant of ``_CONSTANTS``}]} (ascending R).
     """
     pts = sweep["points"]
     sizes = sorted({p[1] for p in pts})

@@ -193,6 +193,8 @@ def _row(c: dict) -> dict:
             "R": c["R"][0], "rate_factor": c["rate_factor"], "snr_offset_db": c["snr_offset_db"],
             "sr_field": calibrate.sr_field(c["mode"]), "sr_slots": c["sr_slots"],
             "tau": calibrate.Calibration.from_dict(c).tau, "qa_snr_req_db": c.get("qa_snr_req_db"),
+            "air_factor": c.get("air_factor", 1.0), "air_crowd_exp": c.get("air_crowd_exp", 0.0),
+            "air_fit": c["setup"].get("air_fit"),
             "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
             "model_envs": c["setup"]["model_envs"],
             "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],
@@ -218,7 +220,10 @@ def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:
             "all_improve_heldout": all(r["heldout_loss"] < r["heldout_loss_uncalibrated"] for r in fleet),
             "all_gradients_stable": all(r["gradient_check"]["stable"] for r in fleet),
             "floors_rejected": sum(len(r["gradient_check"]["rejected"]) for r in fleet),
-            "max_wall_fit_s": max(f["wall_fit_s"] for f in fits), "compiled": bool(params["compile"])}
+            "max_wall_fit_s": max(f["wall_fit_s"] for f in fits), "compiled": bool(params["compile"]),
+            # the time on air's fit (search.air_crowd_exp): the fits that ran it, and kept its constants
+            "air_fits": sum(r["air_fit"] is not None for r in fleet),
+            "air_kept": sum(bool(r["air_fit"] and r["air_fit"]["kept"]) for r in fleet)}
 
 
 def merge(stage, params: dict, out: dict) -> None:

@@ -31,9 +31,13 @@ class CellConfig:
     rate_factor: float = 1.0  # capacity factor on the bytes a backlogged robot is served
     snr_offset_db: float = 0.0  # added to the SNR that sets the spectral efficiency (not the energy), dB
     l1_sr_slots: int = 0  # L1 latency floor: a robot whose queue was empty starts service this late, slots
+    # Time on air (L1, QA): the band-rate time times air_factor * max(n, 1)^air_crowd_exp, n the
+    # robots backlogged in the cell, capped at the step (on_air_s; docs/design.md, "Energy in a crowd").
+    air_factor: float = 1.0  # factor on a robot's time on air
+    air_crowd_exp: float = 0.0  # exponent of the robots backlogged on the time on air
 
     def __post_init__(self) -> None:
-        positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor")
+        positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor", "air_factor")
         for name in positive:
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value) and value > 0):
@@ -48,7 +52,7 @@ class CellConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= self.num_slots):
                 raise ValueError(f"CellConfig.{name} must be an integer in [0, num_slots], got {value!r}")
-        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db"):
+        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp"):
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
@@ -75,6 +79,12 @@ class CellConfig:
         return self.subband_hz * self.rate_factor * self.slot_s / 8.0
 
     @property
+    def air_is_plain(self) -> bool:
+        """Whether the time on air is the band-rate time itself (``air_factor`` 1, ``air_crowd_exp``
+        0): the levels then skip the crowd factor and the cap, which leave it unchanged."""
+        return self.air_factor == 1.0 and self.air_crowd_exp == 0.0
+
+    @property
     def is_calibrated(self) -> bool:
         """Whether a constant that exists only for calibration (``CALIBRATION_ONLY``) differs from
         its plain-physics default."""
@@ -88,7 +98,7 @@ class CellConfig:
 
 #: The constants that exist only for calibration: at their defaults they are the plain fluid
 #: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
-CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots")
+CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp")
 #: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
 #: the plain model has physical values of and a calibration refits (so a cell that differs in
 #: them alone is not calibrated).
@@ -115,6 +125,8 @@ PHYSICAL_RANGES = {
     "qa_snr_req_db": (-30.0, 60.0, " dB"),
     "rate_factor": (1e-3, 10.0, ""),
     "snr_offset_db": (-60.0, 60.0, " dB"),
+    "air_factor": (1e-3, 100.0, ""),
+    "air_crowd_exp": (-2.0, 2.0, ""),
 }
 _RANGE_WHY = {
     "step_s": "a control step from a microsecond to a minute (beyond, the delays and energies leave float32)",
@@ -130,6 +142,8 @@ _RANGE_WHY = {
     "qa_snr_req_db": "a per-subband SNR requirement (10^(dB/10) must stay finite in float32)",
     "rate_factor": "a capacity factor of order one (calibrations fit 0.05 .. 2)",
     "snr_offset_db": "an offset that keeps the rate SNR finite in float32 (calibrations fit about -12 .. 4)",
+    "air_factor": "a factor on the time on air of order one (calibrations fit about 0.3 .. 3)",
+    "air_crowd_exp": "an exponent of the robots backlogged (64^2 keeps the time on air finite)",
 }
 
 

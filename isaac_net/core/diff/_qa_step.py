@@ -21,7 +21,9 @@ cell):
     z_a = (\log srv - \log cum_a)/\tau,\ c = \sigma(z),\ q = cum\,c^\tau,\
     frac = (1 - c)^\tau,\ rest_a = x_a - q_a + q_{a+1},\\
     tx = q_0 / \mathrm{smax}(S\,\mathrm{smin}(\log_2(1 + snr / S), se_{max})\,\kappa,\ al\,se\,\kappa)\
-    \text{(on air for the bytes sent, at the faster of the band's rate and its own)}.
+    \text{(on air for the bytes sent, at the faster of the band's rate and its own)};\\
+    \text{a calibrated cell: } tx \leftarrow T_{step}\,\mathrm{smin}(tx\,f_{air}\,
+    \mathrm{smax}(n, 1)^{\alpha} / T_{step}, 1)\ \text{(\_crowd\_on\_air)}.
 
 The AoI is written as ``1 + sum_{a < A-1} P_a + (aoi + 1 - A) P_{A-1}`` with
 ``P = cumprod(1 - w c)`` (the same value as ``model._step``'s sum over the freshest
@@ -46,7 +48,7 @@ from isaac_net.core.kpi import Totals
 
 # The step's scalars besides the temperature's, in the order of ``_Consts.vector``.
 _SCALARS = ("one", "neg_inf", "inv_tau_n", "buffer_limit", "subbands", "se_max", "inv_se_max", "kappa",
-            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "one_minus_A")
+            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "one_minus_A", "air_factor", "air_crowd_exp")
 
 
 class _Consts:
@@ -62,13 +64,14 @@ class _Consts:
             buffer_limit=cfg.buffer_msgs - 0.5, subbands=float(cfg.num_subbands), se_max=cfg.se_max,
             inv_se_max=1.0 / cfg.se_max, kappa=cfg.bytes_per_se_s, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
             step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2,
-            one_minus_A=1.0 - A,
+            one_minus_A=1.0 - A, air_factor=cfg.air_factor, air_crowd_exp=cfg.air_crowd_exp,
         )
         temp = Temperature.of(tau, dtype, device)
         vector = torch.cat([torch.stack(temp), torch.tensor([values[n] for n in _SCALARS], dtype=dtype,
                                                             device=device)])
         self._set(vector, torch.arange(A, dtype=dtype, device=device).reshape(A, 1, 1).clone(),
                   cfg.qa_sr_slots == cfg.num_slots)
+        self.air = not cfg.air_is_plain  # the time on air's crowd factor and cap (_crowd_on_air)
 
     def _set(self, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool) -> None:
         # tau, neg_tau, inv_tau, neg_inv_tau, tiny, zero: shared with the relaxations' value-derivative pairs
@@ -84,6 +87,7 @@ class _Consts:
         (``[A, 1, 1]``): inside a compiled kernel, where they are its inputs."""
         k = cls.__new__(cls)
         k._set(vector, ages, sr_fills_step)
+        k.air = False  # a kernel's step is the plain one; _crowd_on_air runs after it
         return k
 
 
@@ -182,6 +186,12 @@ class _Tape(typing.NamedTuple):
     none_yet: torch.Tensor
     aoi_coef: torch.Tensor
     rest: torch.Tensor
+    # A calibrated time on air (_crowd_on_air; None in a plain cell): the crowd factor
+    # air_factor sn^air_crowd_exp [E, 1], the cap's derivative [E, R] and the time on air [E, R]
+    # (tx_s stays the band-rate time).
+    crowd: torch.Tensor | None = None
+    d_cap: torch.Tensor | None = None
+    tx_air: torch.Tensor | None = None
 
 
 def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> tuple[StepOut, _Tape]:
@@ -282,9 +292,22 @@ def _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s, msg_bytes, overflow
     return outputs, done, w2, none_yet, aoi_coef
 
 
-# The inputs a step's tape holds; the rest of it ``_forward`` computes.
+# The inputs a step's tape holds; the rest of it ``_forward`` computes (the time on air's crowd
+# factor: _crowd_on_air, after it).
 _TAPE_INPUTS = ("send", "msg_bytes", "snr_lin", "tx_w", "keep", "m")
-_TAPE_OWN = tuple(f for f in _Tape._fields if f not in _TAPE_INPUTS)
+_TAPE_AIR = ("crowd", "d_cap", "tx_air")
+_TAPE_OWN = tuple(f for f in _Tape._fields if f not in _TAPE_INPUTS + _TAPE_AIR)
+
+
+def _crowd_on_air(out: StepOut, s: _Tape, k: _Consts) -> tuple[StepOut, _Tape]:
+    """The calibrated time on air of a step ``_forward`` ran (``k.air``): the band-rate time ``tx_s``
+    times ``crowd = air_factor smax(n, 1)^air_crowd_exp``, ``step_s smin(. / step_s, 1)``
+    (``model.on_air_s``), and the energy from it: ``(out, tape)`` with the energy and the tape's
+    ``crowd``, ``d_cap``, ``tx_air``. A step apart from the kernel: the plain step stays one kernel."""
+    crowd = k.air_factor * s.sn ** k.air_crowd_exp
+    v, d_cap = smin1_vjp(s.tx_s * crowd * k.inv_step_s, k.temp)
+    tx_air = v * k.step_s
+    return out._replace(energy_j=s.tx_w * tx_air), s._replace(crowd=crowd, d_cap=d_cap, tx_air=tx_air)
 
 
 def _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages,
@@ -346,10 +369,10 @@ def _backward(s: _Tape, grads: StepOut, k: _Consts, needs: StepArgs) -> StepArgs
     g_delivered = grads.delivered + g_tput * s.msg_bytes
     g_w2, g_keep, g_rest, g_aoi = _adjoint_shift(s, grads, k, needs)
     g_f = _adjoint_none_yet(s, grads.aoi, k)
-    g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s = _adjoint_kpis(
+    g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s, g_sn_air = _adjoint_kpis(
         s, grads, g_delivered, g_w2, g_f, k, needs)
     g_x1, g_served = _adjoint_completion(s, g_rest, g_c, g_frac, g_q0, k)
-    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_rate_e, g_avail, g_sr_s, g_w1, k, needs)
+    g_m0, g_snr, g_m = _adjoint_rate(s, g_served, g_rate_e, g_avail, g_sr_s, g_w1, g_sn_air, k, needs)
     if g_snr is not None:
         g_snr += g_snr_f
     g_x, g_w, g_send, g_bytes = _adjoint_capture(s, g_w1, g_x1, g_m0, grads.overflow, g_tput, k, needs)
@@ -397,8 +420,8 @@ def _adjoint_none_yet(s: _Tape, g_aoi_next: torch.Tensor, k: _Consts) -> torch.T
 
 def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, needs: StepArgs) -> tuple:
     """3. The deliveries, delay and energy: ``(g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac,
-    g_avail, g_sr_s)``, the service's parts so far (``g_tx_w`` and the energy's ``g_snr_f`` None unless
-    needed)."""
+    g_avail, g_sr_s, g_sn_air)``, the service's parts so far (``g_tx_w`` and the energy's ``g_snr_f`` None
+    unless needed; ``g_sn_air``, the time on air's part of ``smax(n, 1)``'s, None in a plain cell)."""
     g_delay, g_energy = grads.delay_sum, grads.energy_j
     # w2 = w1 - done; delay_sum = sum(done ages + w1 fin); delivered = sum(done); done = w1 c.
     g_done = (g_delay * k.ages).add_(g_delivered).sub_(g_w2).sub_(g_f)
@@ -407,8 +430,15 @@ def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, 
     g_c = g_done * s.w1
     # energy = tx_w tx_s; tx_s = q_0 / d, d = rb sm(u), u = rate / rb, sm = smax(., 1); rb = se_f S kappa;
     # se_f = se_max smin(y_f / se_max, 1), y_f = log2(1 + snr / S).
-    g_tx_w = g_energy * s.tx_s if needs.tx_w else None
     g_tx = g_energy * s.tx_w
+    g_sn_air = None
+    if s.crowd is None:
+        g_tx_w = g_energy * s.tx_s if needs.tx_w else None
+    else:  # tx_air = step smin(tx_s crowd / step, 1); crowd = air_factor sn^air_crowd_exp
+        g_tx_w = g_energy * s.tx_air if needs.tx_w else None
+        g_cap = g_tx * s.d_cap
+        g_sn_air = (g_cap * s.tx_s).sum(-1, keepdim=True) * (k.air_crowd_exp * s.crowd / s.sn)
+        g_tx = g_cap * s.crowd
     rb = s.se_f * k.subbands * k.kappa
     u = s.rate / rb
     d = rb * s.sm
@@ -425,7 +455,7 @@ def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, 
     g_sr_s = g_finish.sum(0)
     g_frac = g_finish * s.avail
     g_avail = (g_finish * s.frac).sum(0)
-    return g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s
+    return g_w1, g_c, g_tx_w, g_q0, g_rate_e, g_snr_f, g_frac, g_avail, g_sr_s, g_sn_air
 
 
 def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tuple:
@@ -449,10 +479,12 @@ def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tupl
     return g_x1, g_served
 
 
-def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, k: _Consts, needs: StepArgs) -> tuple:
+def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, g_sn_air, k: _Consts,
+                  needs: StepArgs) -> tuple:
     """2. The rate: served = rate avail (and the energy's ``g_rate_e``, its gradient in the rate) down
-    to the allocation, the PF gain and the busy robots. Adds into ``g_avail`` and ``g_w1`` (in place);
-    ``(g_m0, g_snr, g_m)`` (``g_snr``, ``g_m`` None unless needed)."""
+    to the allocation, the PF gain and the busy robots (and the time on air's ``g_sn_air`` in
+    ``smax(n, 1)``, or None). Adds into ``g_avail`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)``
+    (``g_snr``, ``g_m`` None unless needed)."""
     # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
     g_avail += g_served * s.rate
     g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
@@ -469,8 +501,8 @@ def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, k: _Const
     g_ratio = g_alloc * s.m * s.d_sr
     g_m = g_alloc * s.sr - g_ratio * s.ratio / s.m if needs.headroom else None
     g_share = (g_ratio / s.m).sum(-1, keepdim=True)
-    g_n = (g_gain.sum(-1, keepdim=True) * harmonic_deriv(s.n)
-           - g_share * s.share / s.sn * s.d_sn)
+    g_sn = -g_share * s.share / s.sn if g_sn_air is None else g_sn_air - g_share * s.share / s.sn
+    g_n = g_gain.sum(-1, keepdim=True) * harmonic_deriv(s.n) + g_sn * s.d_sn
     # n = sum_r busy; busy = smin(sum_a w1, 1).
     g_w1 += g_n * s.d_busy
     return g_m0, g_snr, g_m
@@ -502,6 +534,8 @@ def _rollout_forward(a: StepArgs, T: int, warmup: int, k: _Consts,
     for t in range(T):
         send_t = a.send[t] if a.send.dim() == 3 else a.send
         out, saved = forward(x, w, aoi, send_t, a.msg_bytes, a.snr_lin, a.tx_w, a.keep, a.headroom, k)
+        if k.air:
+            out, saved = _crowd_on_air(out, saved, k)
         x, w, aoi = out.x, out.w, out.aoi
         tape.append(saved)
         if t == warmup - 1:

@@ -126,18 +126,26 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
     else:
         c, fin, served, rest = _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau,
                                              consts)
-    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau), rest
+    n_busy = None if cfg.air_is_plain else relax.soft_busy(w.sum(-1), tau).sum(-1, keepdim=True)
+    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, n_busy=n_busy), rest
 
 
-def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None):
+def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None, n_busy=None):
     """The transmit time of L1D and QAD ``[E, R]``, s: the bytes the robot sent in the step (``x - rest``
     ``[E, R, A]``, summed) at the rate of the whole band, ``S smin(log2(1 + snr / S), se_max)``
-    ``bytes_per_se_s``, or (``own_rate`` ``[E, R]`` B/s, QAD's) at ``smax`` of that and its own rate:
-    the discrete levels' rule, ``levels.base.on_air_s``."""
+    ``bytes_per_se_s``, or (``own_rate`` ``[E, R]`` B/s, QAD's) at ``smax`` of that and its own rate;
+    in a calibrated cell (``not cfg.air_is_plain``) times ``air_factor smax(n_busy, 1)^air_crowd_exp``
+    (``n_busy`` ``[E, 1]``, the soft count of robots backlogged) and ``smin``'d with the step: the
+    discrete levels' rule, ``levels.base.on_air_s``."""
     S = float(cfg.num_subbands)
     se = relax.smin(torch.log1p(snr_lin / S) / math.log(2.0), cfg.se_max, tau)  # log1p: > 0 at -150 dB
     rate = S * se * cfg.bytes_per_se_s
-    return (x - rest).sum(-1) / (rate if own_rate is None else relax.smax(rate, own_rate, tau))
+    tx_s = (x - rest).sum(-1) / (rate if own_rate is None else relax.smax(rate, own_rate, tau))
+    if cfg.air_is_plain:
+        return tx_s
+    crowd = cfg.air_factor * relax.smax(n_busy, 1.0, tau) ** cfg.air_crowd_exp
+    # smin(t, step) = step smin(t / step, 1): the temperature is relative
+    return cfg.step_s * relax.smin(tx_s * crowd / cfg.step_s, 1.0, tau)
 
 
 def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,
@@ -248,7 +256,7 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     # The prefix up to a message takes the part frac of the interval: smin(cum, served) / rate.
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
-    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate), rest
+    return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate, n_busy=n), rest
 
 
 class StepInputs(typing.NamedTuple):

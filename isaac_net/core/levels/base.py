@@ -291,8 +291,8 @@ def partial_remaining(q: Queue, cum: torch.Tensor, served: torch.Tensor, done: t
     return torch.where(done, torch.zeros_like(rem), rem)
 
 
-def on_air_s(sent_bytes: torch.Tensor, snr_lin: torch.Tensor, cfg, own_rate: torch.Tensor | None = None
-             ) -> torch.Tensor:
+def on_air_s(sent_bytes: torch.Tensor, snr_lin: torch.Tensor, cfg, own_rate: torch.Tensor | None = None,
+             n_busy: torch.Tensor | None = None) -> torch.Tensor:
     """Transmit time of L1 and QA ``[E, R]``, s: the bytes a robot sent in the step ``sent_bytes``
     ``[E, R]`` at the rate of the whole band, ``S min(log2(1 + snr / S), se_max) bytes_per_se_s`` (its
     power spread over the S subbands; ``snr_lin`` ``[E, R]`` with it in one subband), or at the rate it
@@ -301,8 +301,21 @@ def on_air_s(sent_bytes: torch.Tensor, snr_lin: torch.Tensor, cfg, own_rate: tor
     makes a robot wait for its turn, not transmit longer: L2-legacy grants each subband of a slot to
     one robot and charges a robot's energy by the slots it is granted, whatever their width, so its
     energy per byte hardly moves with the fleet size where an equal split of every slot's band would
-    charge a robot for the whole time it waits (docs/design.md, "Transmit energy")."""
+    charge a robot for the whole time it waits (docs/design.md, "Transmit energy").
+
+    A calibrated cell (``not cfg.air_is_plain``) multiplies that time by
+    ``air_factor * max(n_busy, 1)^air_crowd_exp``, ``n_busy`` ``[E, 1]`` the robots backlogged in the
+    cell at the step's service, and caps it at the step: L2-legacy's PF grants each robot of a busier
+    cell fewer subbands per granted slot at full power, so its energy per byte grows with the crowd
+    (docs/design.md, "Energy in a crowd")."""
     S = float(cfg.num_subbands)
     se = torch.clamp(torch.log1p(snr_lin / S) / math.log(2.0), max=cfg.se_max)  # log1p: > 0 at -150 dB
     rate = S * se * cfg.bytes_per_se_s
-    return sent_bytes / (rate if own_rate is None else torch.maximum(rate, own_rate))
+    tx_s = sent_bytes / (rate if own_rate is None else torch.maximum(rate, own_rate))
+    if cfg.air_is_plain:
+        return tx_s
+    if n_busy is None:
+        raise ValueError("n_busy: a cell with a time-on-air calibration (air_factor, air_crowd_exp) needs "
+                         "the robots backlogged [E, 1]")
+    crowd = cfg.air_factor * torch.clamp(n_busy.to(tx_s.dtype), min=1.0) ** cfg.air_crowd_exp
+    return torch.clamp(tx_s * crowd, max=cfg.step_s)

@@ -56,5 +56,6 @@ class NetL1(DiscreteLevel):
             done=done,
             finish_s=(finish_slot + 1).to(self.dtype) * cfg.slot_s,
             remaining=partial_remaining(q, cum, served, done),
-            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg),
+            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg,
+                               n_busy=(total > 0).sum(-1, keepdim=True)),
         )

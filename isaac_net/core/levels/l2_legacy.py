@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from isaac_net.core import radio
+from isaac_net.core.config import CALIBRATION_ONLY
 from isaac_net.core.levels import l2_mechanisms as mech
 from isaac_net.core.levels.base import DiscreteLevel, Queue, Service, StepContext
 
@@ -485,9 +486,9 @@ class NetL2Legacy(DiscreteLevel):
             raise ValueError(f"seed: expected an integer or None, got {seed!r}")
         cfg, l2, dev = self.cfg, self.l2, self.device
         if cfg.is_calibrated:  # the ground truth the constants are fitted to has none of its own
-            raise ValueError("cfg: L2-legacy takes no calibration constants (rate_factor, snr_offset_db, "
-                             "l1_sr_slots are effective physics of the fluid levels); got "
-                             f"{(cfg.rate_factor, cfg.snr_offset_db, cfg.l1_sr_slots)}")
+            got = {name: getattr(cfg, name) for name in CALIBRATION_ONLY}
+            raise ValueError(f"cfg: L2-legacy takes no calibration constants ({', '.join(CALIBRATION_ONLY)} "
+                             f"are effective physics of the fluid levels); got {got}")
         S = cfg.num_subbands
 
         self.generator = torch.Generator(device=dev)

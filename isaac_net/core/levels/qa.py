@@ -52,5 +52,5 @@ class NetQA(DiscreteLevel):
             done=done,
             finish_s=sr_s.unsqueeze(-1) + cum / rate.unsqueeze(-1),
             remaining=partial_remaining(q, cum, served, done),
-            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg, own_rate=rate),
+            tx_time_s=on_air_s(torch.minimum(served, total), snr_lin, cfg, own_rate=rate, n_busy=n),
         )

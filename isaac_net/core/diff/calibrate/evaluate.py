@@ -36,8 +36,12 @@ def model_kpis(
     factor and SNR offset go through the inputs too (combined with each candidate's), so every
     candidate and set of constants with one latency floor runs one model config. ``compile``: the
     model's compiled step (``DiffFluid(compile=True)``; the same KPIs to float rounding; it is
-    compiled once per model config, so the constants fitted by Nelder-Mead cost no new compile).
+    compiled once per model config, so the constants fitted by Nelder-Mead cost no new compile; a cell
+    with a calibrated time on air, whose constants are the config's, runs eagerly).
     """
+    # A calibrated time on air is a cell constant: a compiled L1D step would compile again for each
+    # value (the fit's search of them, the interpolated sizes); such a cell runs eagerly.
+    compile = compile and cfg.air_is_plain
     # (the cfg's constants times / plus each candidate's, then the cfg without them)
     cands = [(cfg.rate_factor * eta, cfg.snr_offset_db + off)
              for eta, off in ([(1.0, 0.0)] if candidates is None else candidates)]

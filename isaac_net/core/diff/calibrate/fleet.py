@@ -9,7 +9,8 @@ fits each size on its own operating points, scaled so that every size is loaded 
 full search and moving outwards one size at a time with the search narrowed around the
 neighbour's choice (:func:`_neighbour_search`): a continuation that keeps the constants a smooth
 function of R and costs a fraction of a full search per size. Between two fitted sizes the
-constants are interpolated in log R (the capacity factor and the temperature geometrically),
+constants are interpolated in log R (the capacity factor, the temperature and the time on air's
+factor geometrically),
 outside them the nearest size's are used and :meth:`Calibration.apply` warns once.
 """
 
@@ -55,7 +56,8 @@ def model_envs_for(R: int, model_robots: int, envs: int) -> int:
 
 def _log_linear(fits, R: int) -> Calibration:
     """The constants at ``R`` of a least-squares line in log R through every fit's (the capacity
-    factor and the temperature in log; the latency floor rounded, the SNR requirement the nearest
+    factor, the temperature and the time on air's factor in log; the latency floor rounded, the SNR
+    requirement the nearest
     fit's): a global parametric form, two numbers per constant."""
     x = np.log([c.R[0] for c in fits])
 
@@ -71,12 +73,15 @@ def _log_linear(fits, R: int) -> Calibration:
         snr_offset_db=line([c.snr_offset_db for c in fits]),
         sr_slots=max(0, int(round(line([c.sr_slots for c in fits])))),
         tau=line([c.tau for c in fits], log=True),
+        air_factor=line([c.air_factor for c in fits], log=True),
+        air_crowd_exp=line([c.air_crowd_exp for c in fits]),
         R=(R,), train_loss=None, heldout_loss=None, gradient_check=None)
 
 
 def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
     """The constants at ``R`` between the fits ``lo`` and ``hi`` (``lo.R[0] < R < hi.R[0]``), linear
-    in log R; the capacity factor and the temperature geometrically, the latency floor rounded."""
+    in log R; the capacity factor, the temperature and the time on air's factor geometrically, the
+    latency floor rounded."""
     w = (math.log(R) - math.log(lo.R[0])) / (math.log(hi.R[0]) - math.log(lo.R[0]))
 
     def lin(a, b):
@@ -91,6 +96,7 @@ def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
         lo, rate_factor=geo(lo.rate_factor, hi.rate_factor),
         snr_offset_db=lin(lo.snr_offset_db, hi.snr_offset_db),
         sr_slots=int(round(lin(lo.sr_slots, hi.sr_slots))), tau=geo(lo.tau, hi.tau), qa_snr_req_db=req,
+        air_factor=geo(lo.air_factor, hi.air_factor), air_crowd_exp=lin(lo.air_crowd_exp, hi.air_crowd_exp),
         R=(R,),
         train_loss=None, heldout_loss=None, gradient_check=None,
         provenance={**lo.provenance, "interpolated_between_R": [lo.R[0], hi.R[0]]})

@@ -53,6 +53,10 @@ SEARCH = {
     "qa_snr_req_db": None,  # QAD's headroom requirements to choose from, dB (None: the cell's only)
     "refine_top": 2,  # (latency floor, temperature, requirement) choices refined by Nelder-Mead
     "refine_evals": 30,  # loss evaluations per refinement
+    # The time on air's crowd exponent: the bounds it is fitted in after the other constants
+    # (:func:`_fit_air`; None: not fitted, the plain rule).
+    "air_crowd_exp": (-0.5, 1.5),
+    "air_evals": 30,  # loss evaluations of that fit
     # The gradient check of the fitted constants (``check_gradients``): its half step in p and the
     # largest error that still counts as usable.
     "gradient_h": GRADIENT_H,
@@ -60,6 +64,8 @@ SEARCH = {
 }
 # Nelder-Mead works on log(rate factor), clipped to this range.
 _LOG_RATE_FACTOR = (math.log(0.05), math.log(2.0))
+# The time on air's factor, clipped to this range (CellConfig.air_factor's is 1e-3 .. 100).
+_LOG_AIR_FACTOR = (math.log(0.05), math.log(20.0))
 
 
 def fit(
@@ -128,6 +134,21 @@ def fit(
     report = _Progress(progress, f"calibrate {mode_spec(mode).label} {sends}")
     coarse = _coarse_grid(obj, choices, report)
     best, checks, refined, tried = _choose_usable(obj, coarse, choices.search, sizes, report)
+    air_fit = None
+    if choices.search.get("air_crowd_exp") is not None:  # the time on air, fitted last
+        start = best if best is not None else min(refined, key=lambda c: c.loss)
+        with_air, air_fit = _fit_air(obj, start, choices.search["air_crowd_exp"], choices.search["air_evals"],
+                                     report)
+        check = _check(obj, with_air, choices.search, sizes, report)
+        # kept where it lowers the loss and its gradients are as usable as without it; then it takes
+        # the place of the choice it refines (which was not rejected: the record lists it nowhere)
+        air_fit.update(kept=with_air.loss < start.loss and (check["stable"] or not checks[start]["stable"]),
+                       gradient_check_stable=check["stable"])
+        if air_fit["kept"]:
+            del checks[start]
+            checks[with_air] = check
+            refined = [with_air if c == start else c for c in refined]
+            best = with_air if best is not None else None
     if best is None:  # no choice gives usable gradients: the best fit, flagged
         best = min(refined, key=lambda c: c.loss)
         with_reqs = "" if choices.reqs == (None,) else f" and SNR requirement of {list(choices.reqs)} dB"
@@ -135,7 +156,7 @@ def fit(
                       f"{list(choices.taus)}{with_reqs} passes the gradient check; the calibration is "
                       "flagged (gradient_check.stable is False)", stacklevel=2)
     setup = {"level": level, "T": T, "warmup": warmup, "tau": tau, "lam": lam, "envs": envs,
-             "model_envs": model_envs, "seed": seed, "compile": compile}
+             "model_envs": model_envs, "seed": seed, "compile": compile, "air_fit": air_fit}
     return _calibration(obj, cells, best, checks, choices, setup, evaluations=len(coarse) + len(tried),
                         sizes=sizes, area_m=area_m, l2_cfg=l2_cfg, model_envs=model_envs, heldout=heldout,
                         provenance=provenance)
@@ -225,6 +246,8 @@ class _Fitted(typing.NamedTuple):
     sr_slots: int
     tau: float
     qa_snr_req_db: float | None
+    air_factor: float = 1.0
+    air_crowd_exp: float = 0.0
 
     @property
     def choice(self) -> tuple:
@@ -264,7 +287,8 @@ class _Objective:
         )
 
     def cell(self, f: _Fitted) -> CellConfig:
-        return self.constants(f.rate_factor, f.snr_offset_db, f.sr_slots, f.qa_snr_req_db)
+        c = self.constants(f.rate_factor, f.snr_offset_db, f.sr_slots, f.qa_snr_req_db)
+        return dataclasses.replace(c, air_factor=f.air_factor, air_crowd_exp=f.air_crowd_exp)
 
     def train_loss(self, f_cfg: CellConfig, t: float) -> float:
         return float(self.loss(self.kpis(self.parts, f_cfg, t), self.targets)[0])
@@ -383,6 +407,50 @@ def _choose_usable(obj: _Objective, coarse: list, sp: dict, sizes: tuple, report
         refined.append(refine(pending.pop(0)))
 
 
+def _fit_air(obj: _Objective, start: _Fitted, bounds, evals: int, report: _Progress) -> tuple[_Fitted, dict]:
+    """The time on air's constants fitted after the others (``start``'s): Nelder-Mead on (log factor,
+    crowd exponent), the exponent clipped to ``bounds``, at most ``evals`` loss evaluations, from the
+    plain exponent 0 and the factor that brings the model's energy to the targets' there (the
+    geometric mean of target / model over the points with an energy: what minimises the energy's
+    level term). Energy does not feed back into the queues, so every other KPI and term of the loss
+    stays as ``start`` had it: the search minimises the energy's terms. The loss is exact (the time
+    on air capped at the step); the cells run eagerly (:func:`~.evaluate.model_kpis`).
+
+    :output: ``(fitted, record)``: ``start`` with the two constants and their loss; the record
+        ``{"bounds", "evaluations", "air_factor", "air_crowd_exp", "loss_without", "loss"}``.
+    """
+    from scipy.optimize import minimize
+
+    lo, hi = (float(b) for b in bounds)
+    base, target = obj.cell(start), obj.targets["mean_energy_j"]
+    tried: list = []
+
+    def constants(z) -> tuple[float, float]:
+        return float(np.exp(np.clip(z[0], *_LOG_AIR_FACTOR))), float(np.clip(z[1], lo, hi))
+
+    def objective(z) -> float:
+        f, a = constants(z)
+        value = obj.train_loss(dataclasses.replace(base, air_factor=f, air_crowd_exp=a), start.tau)
+        tried.append((value, f, a))
+        return value if math.isfinite(value) else 1e12
+
+    e = obj.kpis(obj.parts, base, start.tau)["mean_energy_j"][0]
+    defined = (target > 0) & (e > 0)
+    log_f0 = 0.0
+    if bool(defined.any()):
+        log_f0 = float((torch.log(target[defined]) - torch.log(e[defined])).mean())
+    x0 = [float(np.clip(log_f0, *_LOG_AIR_FACTOR)), float(np.clip(0.0, lo, hi))]
+    minimize(objective, x0=x0, method="Nelder-Mead", options={
+        "maxfev": int(evals), "xatol": 1e-3, "fatol": 1e-5,
+        "initial_simplex": [x0, [x0[0] + 0.3, x0[1]], [x0[0] - 0.15, x0[1] + 0.3]]})
+    loss, factor, exp = min(tried)
+    fitted = start._replace(loss=loss, air_factor=factor, air_crowd_exp=exp)
+    report.line(f"time on air: exponent {exp:.3f}, factor {factor:.3f} -> loss {loss:.4g} "
+                f"(without {start.loss:.4g}; {len(tried)} evaluations)")
+    return fitted, {"bounds": [lo, hi], "evaluations": len(tried) + 1, "air_factor": factor,
+                    "air_crowd_exp": exp, "loss_without": start.loss, "loss": loss}
+
+
 def _gradient_record(best: _Fitted, checks: dict) -> dict:
     """``Calibration.gradient_check``: the chosen constants' check and the checked choices rejected."""
     return {**checks[best], "rejected": [
@@ -422,6 +490,7 @@ def _calibration(obj: _Objective, cells: _Cells, best: _Fitted, checks: dict, ch
         mode=obj.mode, sends=obj.sends, rate_factor=best.rate_factor, snr_offset_db=best.snr_offset_db,
         sr_slots=int(best.sr_slots), train_loss=best.loss, heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train, uncalibrated_heldout_loss=uncal_heldout,
+        air_factor=best.air_factor, air_crowd_exp=best.air_crowd_exp,
         grid=cells.train[0].points, heldout_grid=cells.held[0].points if cells.held is not None else (),
         R=sizes, area_m=tuple(float(a) for a in area_m), cell=_jsonable(dataclasses.asdict(obj.cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)), setup=_jsonable(setup),
@@ -470,8 +539,14 @@ def _check_search(search, mode: str) -> dict:
     else:
         values("search['sr_slots']", floors, integer=True)
     values("search['tau']", sp["tau"], optional=True)
+    air = sp.get("air_crowd_exp")
+    is_pair = not isinstance(air, (str, bytes, dict)) and hasattr(air, "__len__") and len(air) == 2
+    if air is not None and not (is_pair and all(_is_number(b) and math.isfinite(b) for b in air)
+                                and air[0] < air[1]):
+        raise ValueError(f"search['air_crowd_exp']: expected None or bounds [lo, hi] with lo < hi, "
+                         f"got {air!r}")
     values("search['qa_snr_req_db']", sp["qa_snr_req_db"], optional=True)
-    for key in ("refine_top", "refine_evals"):
+    for key in ("refine_top", "refine_evals", "air_evals"):
         v = sp[key]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"search[{key!r}]: expected an integer >= 1, got {v!r}")

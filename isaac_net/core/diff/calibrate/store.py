@@ -57,6 +57,8 @@ class Calibration:
     :field gradient_check: the record of :func:`~.evaluate.check_gradients` on the fitted constants
         at the training points (``stable``, the worst error and where) and the choices ``rejected``
         for unusable gradients; None: not checked.
+    :field air_factor, air_crowd_exp: the time on air's factor and the exponent of the robots
+        backlogged (``CellConfig``'s; 1 and 0, the plain rule, in an entry fitted without them).
     """
 
     mode: str
@@ -79,6 +81,8 @@ class Calibration:
     tau: float | None = None
     qa_snr_req_db: float | None = None
     provenance: dict = dataclasses.field(default_factory=dict)
+    air_factor: float = 1.0
+    air_crowd_exp: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "R", fleet_sizes(self.R))
@@ -105,6 +109,7 @@ class Calibration:
         }
         if self.qa_snr_req_db is not None:
             out[spec.snr_req_field] = self.qa_snr_req_db
+        out["air_factor"], out["air_crowd_exp"] = self.air_factor, self.air_crowd_exp
         return out
 
     def apply(
@@ -187,7 +192,7 @@ class Calibration:
         if not isinstance(d, dict):
             raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db")
+        optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
@@ -285,6 +290,10 @@ def _check_fields(kw: dict, source: str) -> None:
             raise _field_error(source, name, f"one of {list(allowed)}", kw[name])
     number("rate_factor", lo=0.0, lo_open=True)
     number("snr_offset_db")
+    if "air_factor" in kw:  # absent in an entry fitted without the time on air's constants
+        number("air_factor", lo=0.0, lo_open=True)
+    if "air_crowd_exp" in kw:
+        number("air_crowd_exp")
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
