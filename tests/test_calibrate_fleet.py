@@ -16,19 +16,22 @@ from isaac_net.core.levels import L2LegacyConfig
 
 
 def _cal(R: int, *, mode="QA", sends="relaxed", rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1,
-         qa_snr_req_db=5.0) -> calibrate.Calibration:
+         qa_snr_req_db=5.0, air_factor=1.0, air_crowd_exp=0.0) -> calibrate.Calibration:
     """A calibration entry at one fleet size with the given constants (no fit behind it)."""
     return calibrate.Calibration(
         mode=mode, sends=sends, rate_factor=rate_factor, snr_offset_db=snr_offset_db, sr_slots=sr_slots,
         train_loss=0.5, heldout_loss=0.7, uncalibrated_train_loss=9.0, uncalibrated_heldout_loss=8.0,
         grid=((0.2, 8000.0, 23.0),), heldout_grid=(), R=(R,), area_m=(40.0, 140.0),
         cell=dataclasses.asdict(CellConfig()), l2_config=dataclasses.asdict(L2LegacyConfig()),
-        setup={"tau": 0.05}, tau=tau, qa_snr_req_db=qa_snr_req_db if mode == "QA" else None)
+        setup={"tau": 0.05}, tau=tau, qa_snr_req_db=qa_snr_req_db if mode == "QA" else None,
+        air_factor=air_factor, air_crowd_exp=air_crowd_exp)
 
 
 FLEET = calibrate.FleetCalibration("QA", "relaxed", (
-    _cal(32, rate_factor=0.3, snr_offset_db=-8.0, sr_slots=24, tau=0.4, qa_snr_req_db=0.0),
-    _cal(8, rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1, qa_snr_req_db=10.0)))
+    _cal(32, rate_factor=0.3, snr_offset_db=-8.0, sr_slots=24, tau=0.4, qa_snr_req_db=0.0, air_factor=0.25,
+         air_crowd_exp=0.1),
+    _cal(8, rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1, qa_snr_req_db=10.0, air_factor=1.0,
+         air_crowd_exp=0.4)))
 
 
 def test_scaled_points_keep_the_offered_bytes_per_cell_and_drop_what_p_cannot_carry():
@@ -84,12 +87,15 @@ def test_at_gives_the_fitted_size_and_interpolates_in_log_R_between():
     assert mid.snr_offset_db == pytest.approx(-6.0)
     assert mid.sr_slots == 16 and mid.tau == pytest.approx(math.sqrt(0.1 * 0.4))
     assert mid.qa_snr_req_db == pytest.approx(5.0)
+    # the time on air: its factor geometrically, its exponent linearly
+    assert mid.air_factor == pytest.approx(0.5) and mid.air_crowd_exp == pytest.approx(0.25)
     assert mid.train_loss is None and mid.provenance["interpolated_between_R"] == [8, 32]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a size between the fitted ones is what they are for: no warning
         cfg = FLEET.apply(CellConfig(), R=16)
     assert cfg.rate_factor == pytest.approx(mid.rate_factor) and cfg.qa_sr_slots == 16
     assert cfg.qa_snr_req_db == pytest.approx(5.0)
+    assert (cfg.air_factor, cfg.air_crowd_exp) == (pytest.approx(0.5), pytest.approx(0.25))
     net = FLEET.model(2, 16)
     assert net.tau == pytest.approx(mid.tau)
     with pytest.raises(AttributeError, match=r"depends on the fleet size; use .at\(R\).tau"):
