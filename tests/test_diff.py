@@ -549,6 +549,26 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends, air):
     assert all(g.abs().sum() > 0 for g in out["rollout"][1:])
 
 
+@pytest.mark.parametrize("mode", ["L1", "QA"])
+def test_on_step_sees_every_step_and_keeps_the_rollouts_kpis(mode):
+    """``rollout(on_step=...)`` gets each step's per-robot KPIs, the warm-up's too: their sums over the
+    counted steps are the rollout's totals, and the KPIs are those of the rollout without it (QAD's
+    fused node against its steps: to rounding)."""
+    s = seed_scenario("overload", E=3, R=4, T=10)
+    seen = []
+    kw = dict(snr_db=s.snr_db, deadline=s.deadline, warmup=3)
+    with_steps = rollout(DiffFluid(3, 4, mode=mode, tau=0.05, cfg=s.cfg, dtype=F64), s.T, s.p, s.B,
+                         on_step=seen.append, **kw)
+    plain = rollout(DiffFluid(3, 4, mode=mode, tau=0.05, cfg=s.cfg, dtype=F64), s.T, s.p, s.B, **kw)
+    assert len(seen) == s.T and seen[0]["energy_j"].shape == (3, 4)
+    for k, per_step in (("delivered", 1), ("timeouts", 1), ("energy_j", 7)):  # energy_j: a mean of 7 steps
+        torch.testing.assert_close(sum(out[k] for out in seen[3:]), with_steps[k] * per_step)
+    for k in ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j"):
+        torch.testing.assert_close(with_steps[k], plain[k], rtol=1e-12, atol=0.0)
+    with pytest.raises(TypeError, match="on_step: expected None or a callable"):
+        rollout(DiffFluid(3, 4, mode=mode, dtype=F64), 2, s.p, s.B, snr_db=s.snr_db, on_step=3)
+
+
 def test_qa_rollout_node_frees_its_steps_unless_the_graph_is_retained():
     s = seed_scenario("normal", E=2, R=3, T=6)
     p = s.p.clone().requires_grad_()

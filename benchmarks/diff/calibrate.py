@@ -189,11 +189,12 @@ def _row(c: dict) -> dict:
     """A table row of one calibration entry (one model at one fleet size)."""
     from isaac_net.core.diff import calibrate
 
+    cal = calibrate.Calibration.from_dict(c)  # the entry's defaults filled (an older file's, the plain rule)
     return {"model": f"{c['mode']}D {c['sends'].replace('_', '-')}", "mode": c["mode"], "sends": c["sends"],
             "R": c["R"][0], "rate_factor": c["rate_factor"], "snr_offset_db": c["snr_offset_db"],
             "sr_field": calibrate.sr_field(c["mode"]), "sr_slots": c["sr_slots"],
-            "tau": calibrate.Calibration.from_dict(c).tau, "qa_snr_req_db": c.get("qa_snr_req_db"),
-            "air_factor": c.get("air_factor", 1.0), "air_crowd_exp": c.get("air_crowd_exp", 0.0),
+            "tau": cal.tau, "qa_snr_req_db": cal.qa_snr_req_db,
+            "air_factor": cal.air_factor, "air_crowd_exp": cal.air_crowd_exp,
             "air_fit": c["setup"].get("air_fit"),
             "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
             "model_envs": c["setup"]["model_envs"],

@@ -126,8 +126,14 @@ def _service_l1(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau, slot
     else:
         c, fin, served, rest = _l1_recursion(x, w, cum, c0, completion, mass_before, snr_lin, cfg, tau,
                                              consts)
-    n_busy = None if cfg.air_is_plain else relax.soft_busy(w.sum(-1), tau).sum(-1, keepdim=True)
+    n_busy = None if cfg.air_is_plain else _n_busy(w, tau)
     return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, n_busy=n_busy), rest
+
+
+def _n_busy(w, tau):
+    """The soft count of robots backlogged in each cell ``[E, 1]`` from the queue's mass ``w``
+    ``[E, R, A]``: QAD's processor-sharing count and the time on air's crowd (both modes)."""
+    return relax.soft_busy(w.sum(-1), tau).sum(-1, keepdim=True)
 
 
 def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None, n_busy=None):
@@ -236,8 +242,7 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     :output: as ``_service_l1``.
     """
     cum = _fifo_cum(x)
-    busy = relax.soft_busy(w.sum(-1), tau)  # [E, R]
-    n = busy.sum(-1, keepdim=True)
+    n = _n_busy(w, tau)
     share = cfg.num_subbands / relax.smax(n, 1.0, tau)
     if relax.is_hard(tau):
         alloc = torch.minimum(share, headroom)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from isaac_net.core import _validate
@@ -15,7 +17,8 @@ SEND_MODELS = ("mean_field", "relaxed", "binary")
 
 def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None, deadline=None,
             warmup: int = 0, sends: str = "mean_field", u=None, lam: float | None = None,
-            generator: torch.Generator | None = None, step_by_step: bool = False) -> dict:
+            generator: torch.Generator | None = None, step_by_step: bool = False,
+            on_step: Callable[[dict], None] | None = None) -> dict:
     """Run ``net`` for ``T`` control steps with constant decisions and return its KPIs.
 
     :input p: ``[E, R]`` send probability per control step, in [0, 1].
@@ -37,6 +40,9 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     Backpropagation through time across calls: ``net.step`` / ``net.advance`` in a loop.
     :param step_by_step: run ``net.advance`` step by step even where the model runs a rollout as one
         node (:attr:`DiffFluid.fused_rollout`: QAD); the same KPIs (to time or check the step).
+    :param on_step: called with each step's KPIs ``{name: [E, R]}`` as :meth:`DiffFluid.advance`
+        returns them (the warm-up's steps too; e.g. ``energy_j``, the transmit energy of the step);
+        the rollout then runs step by step.
 
     :output: per robot ``[E, R]``: ``delay, delivery, aoi, energy_j`` and the totals
         ``offered, delivered, delay_sum, timeouts, overflow, queued_msgs``; batch means
@@ -52,6 +58,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         raise ValueError(f"unknown sends {sends!r}; expected one of: {', '.join(SEND_MODELS)}")
     if not isinstance(step_by_step, bool):
         raise TypeError(f"step_by_step: expected a bool, got {type(step_by_step).__name__}")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step: expected None or a callable taking a step's KPIs, got {on_step!r}")
     E, R, dt, dev = net.E, net.R, net.dtype, net.device
     check_horizon(T, warmup)
     p = _validate.per_robot(p, "p", E, R, dt, dev)
@@ -71,9 +79,13 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
         send = relax.relaxed_bernoulli(p, u[:T], lam)  # [T, E, R], as T draws from u[t]
     else:
         send = (u[:T] < p).to(dt)
-    if net.fused_rollout and not step_by_step:  # QAD: the whole rollout as one node (the same steps)
+    # QAD: the whole rollout as one node (the same steps)
+    if net.fused_rollout and not step_by_step and on_step is None:
         acc.set_totals(*net.advance_rollout(send, step_inputs, T, warmup), num_seen=T)
         return acc.result()
     for t in range(T):
-        acc.add(net.advance(send if send.dim() == 2 else send[t], step_inputs))
+        out = net.advance(send if send.dim() == 2 else send[t], step_inputs)
+        if on_step is not None:
+            on_step(out)
+        acc.add(out)
     return acc.result()

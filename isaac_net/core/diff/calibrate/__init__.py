@@ -15,6 +15,12 @@ gradients of another operating point. A calibration fits effective constants of
   needs down to the lowest MCS's threshold, where QA's default of 15 dB keeps a calibrated QAD
   (SNR offset below 0) on one subband in the log regime of the spectral efficiency, with an
   energy that falls too little with power;
+* the time on air's ``air_factor`` and crowd exponent ``air_crowd_exp`` (from
+  ``search["air_crowd_exp"]``, fitted last): a robot's time on air is its band-rate time times
+  ``air_factor n^air_crowd_exp``, n the robots backlogged in its cell, capped at the step, as
+  L2-legacy's PF scheduler grants a robot of a busier cell fewer subbands per slot at full power;
+  energy does not feed back, so their search evaluates the energy recorded from two rollouts
+  (:class:`AirBasis`) and the constants found once by the model;
 
 and, beside them, the relaxation temperature ``tau`` the model runs at (``Calibration.tau``,
 chosen from ``search["tau"]``). The fluid has no variance: below saturation it delivers every
@@ -71,6 +77,7 @@ from isaac_net.core.diff.calibrate.evaluate import (
     GRADIENT_H,
     GRADIENT_MAX_ERROR,
     KPI_FLOOR,
+    AirBasis,
     check_gradients,
     model_kpis,
 )
@@ -113,6 +120,7 @@ def sr_field(mode: str) -> str:
 
 
 __all__ = [
+    "AirBasis",
     "CALIBRATED_SENDS",
     "DELIVERY_UNIT",
     "FORMAT",

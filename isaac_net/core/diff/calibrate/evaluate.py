@@ -1,5 +1,6 @@
 """The model side of a calibration: the fluid model's KPIs at the operating points (forward, the
-candidates' constants batched through the inputs) and the check that its gradients are usable.
+candidates' constants batched through the inputs), the energy under any time-on-air constants from
+two recorded rollouts (:class:`AirBasis`) and the check that its gradients are usable.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import math
 
 import torch
 
-from isaac_net.core import radio
+from isaac_net.core import kpi, radio
 from isaac_net.core.config import CellConfig
+from isaac_net.core.diff import relax
 from isaac_net.core.diff.calibrate.loss import TARGET_KPIS, group_kpis
 from isaac_net.core.diff.calibrate.targets import Problem
 from isaac_net.core.diff.model import DiffFluid
@@ -26,7 +28,7 @@ KPI_FLOOR = 0.1  # the gradient check's error is |autograd - FD| / (|FD| + KPI_F
 
 def model_kpis(
     mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float, candidates=None,
-    compile: bool = False,
+    compile: bool = False, on_step=None,
 ) -> dict:
     """KPIs ``{kpi: [n_cand, n_points]}`` of the model at each point, forward only.
 
@@ -37,7 +39,8 @@ def model_kpis(
     candidate and set of constants with one latency floor runs one model config. ``compile``: the
     model's compiled step (``DiffFluid(compile=True)``; the same KPIs to float rounding; it is
     compiled once per model config, so the constants fitted by Nelder-Mead cost no new compile; a cell
-    with a calibrated time on air, whose constants are the config's, runs eagerly).
+    with a calibrated time on air, whose constants are the config's, runs eagerly). ``on_step``:
+    given each step's KPIs ``{name: [n_cand * E, R]}`` (``rollout``'s).
     """
     # A calibrated time on air is a cell constant: a compiled L1D step would compile again for each
     # value (the fit's search of them, the interpolated sizes); such a cell runs eagerly.
@@ -65,8 +68,76 @@ def model_kpis(
             sends=sends,
             u=prob.u.repeat(1, n, 1) if sends != "mean_field" else None,
             lam=lam,
+            on_step=on_step,
         )
     return {k: v.double().view(n, -1) for k, v in group_kpis(res, n * len(prob.points)).items()}
+
+
+# The probe's time-on-air factor (CellConfig's smallest): far below the cap at the step, where the
+# relative-temperature smin(a, 1) = a (1 + a^(1/tau))^(-tau) is a to 1e-4 or better (a = factor
+# smax(n, 1) t / step_s <= 1e-3 R t / step_s, what robots that share a step's band reach) and its
+# inverse is well conditioned.
+_PROBE_AIR_FACTOR = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class AirBasis:
+    """The model's KPIs under any time-on-air constants, from two rollouts (:meth:`record`).
+
+    Energy does not feed back into the queues: every KPI but the energy is the plain rule's, and a
+    robot's energy in a step is ``tx_w step_s smin(t air_factor smax(n, 1)^air_crowd_exp / step_s, 1)``
+    (``diff.model.on_air_s``) with ``t`` its band-rate time and ``n`` the cell's soft count of
+    backlogged robots, both independent of the constants. The plain rollout gives ``tx_w t`` per step;
+    a probe with the exponent 1 and a factor too small for the cap gives ``tx_w t factor smax(n, 1)``.
+
+    :field kpis: ``{kpi: [1, n_points]}`` the plain rule's KPIs (``model_kpis``).
+    :field tx_w: ``[E, R]`` transmit power, W. :field plain_j: ``[S, E, R]`` energy per counted step
+        with the plain rule, J (S steps after the warm-up). :field crowd: ``[S, E, R]`` ``smax(n, 1)``
+        of the robot's cell at that step (1 where the robot sent nothing: its energy is 0 at any).
+    """
+
+    kpis: dict
+    tx_w: torch.Tensor
+    plain_j: torch.Tensor
+    crowd: torch.Tensor
+    step_s: float
+    tau: float
+
+    @classmethod
+    def record(cls, mode: str, sends: str, prob: Problem, cfg: CellConfig, *, tau: float, lam: float,
+               compile: bool = False) -> "AirBasis":
+        """The basis of ``cfg``'s model on ``prob`` (``cfg``'s own time on air is set aside)."""
+        plain = dataclasses.replace(cfg, air_factor=1.0, air_crowd_exp=0.0)
+        probe = dataclasses.replace(cfg, air_factor=_PROBE_AIR_FACTOR, air_crowd_exp=1.0)
+        steps: dict = {"plain": [], "probe": []}
+        kpis = model_kpis(mode, sends, prob, plain, tau=tau, lam=lam, compile=compile,
+                          on_step=lambda out: steps["plain"].append(out["energy_j"]))
+        model_kpis(mode, sends, prob, probe, tau=tau, lam=lam,
+                   on_step=lambda out: steps["probe"].append(out["energy_j"]))
+        plain_j, probe_j = (torch.stack(steps[k][prob.warmup:]).double() for k in ("plain", "probe"))
+        tx_w = radio.dbm_to_w(prob.tx_dbm).double().expand(plain_j.shape[1:])
+        if not relax.is_hard(tau):  # the probe's smin(a, 1) = r undone: a = r (1 - r^(1/tau))^(-tau)
+            r = (probe_j / (tx_w * cfg.step_s)).clamp(0.0, 1.0)
+            probe_j = probe_j * torch.exp(-tau * torch.log1p(-(r ** (1.0 / tau)).clamp_max(0.5)))
+        sent = plain_j > 0
+        crowd = torch.where(sent, probe_j / (_PROBE_AIR_FACTOR * torch.where(sent, plain_j, 1.0)), 1.0)
+        return cls(kpis, tx_w, plain_j, crowd, float(cfg.step_s), float(tau))
+
+    def energy(self, air_factor: float, air_crowd_exp: float) -> torch.Tensor:
+        """``mean_energy_j`` ``[1, n_points]`` with the constants (the rule of ``diff.model.on_air_s``;
+        at the plain constants (1, 0) the plain rule's, uncapped)."""
+        if CellConfig(air_factor=air_factor, air_crowd_exp=air_crowd_exp).air_is_plain:
+            return self.kpis["mean_energy_j"]
+        tx_s = self.plain_j / self.tx_w
+        crowd = air_factor * self.crowd ** air_crowd_exp
+        e = self.tx_w * (self.step_s * relax.smin(tx_s * crowd / self.step_s, 1.0, self.tau))
+        n = self.kpis["mean_energy_j"].shape[-1]
+        return kpi.grouped_batch_kpis({"energy_j": e.mean(0)}, n, (kpi.BY_BATCH_KEY["mean_energy_j"],))[
+            "mean_energy_j"].view(1, n)
+
+    def at(self, air_factor: float, air_crowd_exp: float) -> dict:
+        """The KPIs ``{kpi: [1, n_points]}`` with the constants."""
+        return {**self.kpis, "mean_energy_j": self.energy(air_factor, air_crowd_exp)}
 
 
 def _rollout_kpis(mode: str, sends: str, prob: Problem, cfg: CellConfig, p: torch.Tensor, *, tau: float,
