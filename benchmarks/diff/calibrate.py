@@ -224,7 +224,10 @@ def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:
             "max_wall_fit_s": max(f["wall_fit_s"] for f in fits), "compiled": bool(params["compile"]),
             # the time on air's fit (search.air_crowd_exp): the fits that ran it, and kept its constants
             "air_fits": sum(r["air_fit"] is not None for r in fleet),
-            "air_kept": sum(bool(r["air_fit"] and r["air_fit"]["kept"]) for r in fleet)}
+            "air_kept": sum(bool(r["air_fit"] and r["air_fit"]["kept"]) for r in fleet),
+            # ... and how far the search's loss (the recorded energy) was from the model's own
+            "air_basis_gap": max((abs(a["basis_loss"] - a["loss"]) / abs(a["loss"]) for a in
+                                  (r["air_fit"] for r in fleet) if a and "basis_loss" in a), default=None)}
 
 
 def merge(stage, params: dict, out: dict) -> None:
