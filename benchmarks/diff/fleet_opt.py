@@ -269,10 +269,10 @@ def blackbox_budget(params: dict, grad: dict, method: str) -> float:
     cal = grad["calibration_cost"]["total_s"]
     covers = method in params["cover_calibration_methods"] and grad["R"] in params["cover_calibration_R"]
     if covers and cal is not None:
-        # at least the gradient's time plus the calibration's (the comparison charged in full), the
-        # calibration's part up to a cap that keeps the profile's length bounded (beyond it the
-        # comparison reads "not measured")
-        budget = max(budget, grad["t_grad_s"] + min(cal, float(params["cover_calibration_max_s"])))
+        # at least the hybrid's whole budget plus the calibration's time (the comparisons charged in
+        # full: the gradient's at t plus it and the hybrid's at its budget plus it), the calibration's
+        # part up to a cap that keeps the profile's length bounded (beyond it "not measured")
+        budget += min(cal, float(params["cover_calibration_max_s"]))
     return budget
 
 
