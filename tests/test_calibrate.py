@@ -247,7 +247,7 @@ def test_air_basis_gives_the_models_kpis_under_any_time_on_air(mode, sends, tau)
     cfg = dataclasses.replace(CellConfig(), rate_factor=0.5, snr_offset_db=-4.0,
                               **{calibrate.sr_field(mode): 8})
     basis = calibrate.AirBasis.record(mode, sends, prob, cfg, tau=tau, lam=0.1)
-    assert basis.plain_j.shape == (11, 2 * len(pts), 6)
+    assert basis.tx_s.shape == (11, 2 * len(pts), 6)
     assert float(basis.crowd.min()) > 1.0 - 1e-12 and float(basis.crowd.max()) < 6.5  # smax(n, 1), n <= R
     capped = False
     for factor, exponent in ((0.3, -0.5), (1.0, 0.0), (1.7, 0.6), (5.0, 1.5), (20.0, 1.0)):

@@ -199,7 +199,7 @@ def fixture_artifacts() -> dict[str, dict]:
 # best; at R = 32 CMA-ES and TPE never reach the gradient, charged in full or not.
 FLEET_CFG = {"seed": 7, "level": "L2-legacy", "E": 4, "T_eval": 40, "warmup_eval": 8, "budget_factor": 10,
              "budgets": [1, 3, 10], "cover_calibration_R": [32], "cover_calibration_methods": ["cmaes"],
-             "cover_calibration_max_s": 400,
+             "cover_wall_s": 40.0,
              "p_init": 0.5, "p_init_ref_R": 8, "tx_init_dbm": 20.0, "hybrid_sigma0": 0.05,
              "random_per_round": 16,
              "models": [{"mode": "L1", "sends": "relaxed", "compile": True},
@@ -771,19 +771,21 @@ def test_fleet_opt_candidates_are_the_models_entries_of_choose_from():
 def test_fleet_opt_methods_cover_the_gradient_charged_in_full_where_asked():
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import fleet_opt
+    from _fleet_budget import covers_calibration
 
     grad = {"R": 32, "t_grad_s": 2.0, "calibration_cost": {"total_s": 50.0}}
-    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "tpe") == 20.0  # 10 t
-    # 10 t (the hybrid's budget) + the calibration: the gradient's and the hybrid's charged comparisons
-    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 70.0
-    grad["calibration_cost"]["total_s"] = 900.0
-    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 420.0  # the calibration's cap, 400 s
-    assert fleet_opt.blackbox_budget(FLEET_CFG, {**grad, "R": 8}, "cmaes") == 20.0  # not a covered size
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "tpe", grad) == 20.0  # 10 t
+    # a fixed wall time from the start, whatever the gradient job measured (it is not read)
+    assert covers_calibration(FLEET_CFG, 32, "cmaes") and covers_calibration(FLEET_CFG, "32", "cmaes")
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "cmaes", None) == 40.0
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "cmaes", grad) == 40.0
+    assert not covers_calibration(FLEET_CFG, 8, "cmaes")  # not a covered size
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 8, "cmaes", {**grad, "R": 8}) == 20.0
     both = {**FLEET_CFG, "cover_calibration_methods": ["cmaes", "tpe"]}
-    assert fleet_opt.blackbox_budget(both, grad, "tpe") == 420.0  # TPE asked too
-    assert fleet_opt.blackbox_budget(both, grad, "random") == 20.0  # not asked
-    grad["calibration_cost"]["total_s"] = None  # no calibration recorded: nothing to cover
-    assert fleet_opt.blackbox_budget(FLEET_CFG, grad, "cmaes") == 20.0
+    assert fleet_opt.blackbox_budget(both, 32, "tpe", None) == 40.0  # TPE asked too
+    assert fleet_opt.blackbox_budget(both, 32, "random", grad) == 20.0  # not asked
+    with pytest.raises(ValueError, match="gradient: the gradient job of R = 32 sets random's budget"):
+        fleet_opt.blackbox_budget(both, 32, "random", None)
 
 
 def test_fleet_opt_calibration_cost_reads_the_files_once_and_sums_per_model_list(tmp_path):
@@ -806,6 +808,48 @@ def test_fleet_opt_calibration_cost_reads_the_files_once_and_sums_per_model_list
         "targets_s": 15.0, "fit_s": 6.5, "total_s": 21.5, "models": ["QA_relaxed", "L1_mean_field"]}
     assert fleet_opt.calibration_cost(times, ["QA_relaxed", "QA_mean_field"]) == {
         "targets_s": 15.0, "fit_s": None, "total_s": None, "models": ["QA_relaxed", "QA_mean_field"]}
+
+
+def test_fleet_opt_proxy_candidate_adds_its_fit_and_reads_back_its_exact_solution(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import fleet_opt
+    import torch
+
+    from isaac_net import optimise as opt
+
+    assert not fleet_opt.proxy_is_candidate({}) and not fleet_opt.proxy_is_candidate({"proxy": None})
+    assert not fleet_opt.proxy_is_candidate({"proxy": {"robots": 8}})
+    assert fleet_opt.proxy_is_candidate({"proxy": {"robots": 8, "candidate": True}})
+    cost = {"targets_s": 15.0, "fit_s": 6.5, "total_s": 21.5, "models": ["QA_relaxed"]}
+    assert fleet_opt.with_proxy_fit(cost, None) is cost
+    assert fleet_opt.with_proxy_fit(cost, {"fit_s": 3.25, "total_s": 3.25, "rollouts": 640}) == {
+        "targets_s": 15.0, "fit_s": 9.75, "total_s": 24.75, "models": ["QA_relaxed", "proxy"],
+        "proxy_fit_s": 3.25, "proxy_rollouts": 640}
+    missing = {**cost, "fit_s": None, "total_s": None}  # a candidate's fit not recorded: still unknown
+    assert fleet_opt.with_proxy_fit(missing, {"fit_s": 3.25})["total_s"] is None
+    # The proxy job's solution, read back by the gradient job bit for bit (float32 through JSON).
+    fleet = opt.make_fleet(E=3, R=4, T=8, seed=1)
+    dec = opt.FleetDecisions(fleet)
+    g = torch.Generator().manual_seed(3)
+    p = 0.02 + 0.9 * torch.rand(3, 4, generator=g)
+    tx = 23.0 * torch.rand(3, 4, generator=g)
+    trace = _fleet_trace((0.0, 0, [5.0, 6.0, 7.0]), (0.4, 0, [4.0, 5.5, 6.5]))
+    job = {"R": 4, "model": "proxy", "result": _fleet_result("gradient, neural proxy", trace, lr=0.1),
+           "calibration_cost": {"fit_s": 2.0, "total_s": 2.0, "kind": "proxy"},
+           "decisions": {"p": p.tolist(), "tx_dbm": tx.tolist()}}
+    path = tmp_path / "model_proxy_R4.json"
+    path.write_text(json.dumps(job))
+    res, cal = fleet_opt._proxy_run({"proxy": str(path)}, dec, 4)
+    assert torch.equal(res.decisions["p"], p) and torch.equal(res.decisions["tx_dbm"], tx)
+    assert res.decisions["B"] is fleet.B and res.decisions["pos"] is fleet.pos
+    assert res.name == "gradient, neural proxy" and res.wall_s == 0.4
+    assert res.heldout_cost.tolist() == [4.0, 5.5, 6.5]
+    assert fleet_opt.dump(res) == job["result"] and cal == job["calibration_cost"]
+    with pytest.raises(ValueError, match="proxy: expected the proxy job of R = 8"):
+        fleet_opt._proxy_run({"proxy": str(path)}, dec, 8)
+    path.write_text(json.dumps({k: v for k, v in job.items() if k != "decisions"}))
+    with pytest.raises(ValueError, match="with its decisions"):
+        fleet_opt._proxy_run({"proxy": str(path)}, dec, 4)
 
 
 def test_fleet_opt_section_says_who_wins_and_where_the_gradient_loses(tmp_path):
@@ -1084,7 +1128,7 @@ def workflow_copy(dest: Path, *, stubs: bool) -> Path:
             shutil.copyfile(src, dest / rel)
     (dest / "benchmarks/diff").mkdir(parents=True)
     for f in (REPO / "benchmarks/diff").glob("*.py"):
-        stub = stubs and f.name != "_hashes.py"
+        stub = stubs and f.name not in ("_hashes.py", "_fleet_budget.py")  # (the rules read these)
         (dest / "benchmarks/diff" / f.name).write_text(STUB if stub else f.read_text())
     if stubs:
         arts = fixture_artifacts() | {name: study_artifact(name) for name in STUDIES} | {

@@ -12,9 +12,10 @@ Three parts, one per rule (``params.part``):
   cost (the L2-legacy targets' wall time and the candidates' fit times, from the calibrate stage).
 * ``blackbox-<R>-<method>`` (rule ``fleet_opt_blackbox``; cmaes, tpe, random, hybrid): one method on
   the level with the wall budget ``budget_factor x t_grad`` (the methods of
-  ``cover_calibration_methods`` at the sizes of ``cover_calibration_R``: at least ``t_grad`` plus
-  the calibration's time, so that the gradient's comparisons charged in full are measured). The
-  hybrid starts at the chosen gradient's solution, charged for it.
+  ``cover_calibration_methods`` at the sizes of ``cover_calibration_R``: ``cover_wall_s`` from the
+  pipeline's start, without waiting for the gradient job, long enough for the comparisons charged in
+  full: ``_fleet_budget.covers_calibration``). The hybrid starts at the chosen gradient's solution,
+  charged for it.
 * ``merge`` (rule ``fleet_opt``): the traces sliced at the budgets (``budgets`` x ``t_grad``, and
   x each model's own wall time), the paired differences, the comparisons charged in full, the
   break-even, the uniform policy against the best per-robot solution, the targets, and the figure.
@@ -32,9 +33,11 @@ import torch
 
 try:
     from _common import cell_config, run
+    from _fleet_budget import covers_calibration
     from _plots import fleet_opt as plot_fleet_opt
 except ImportError:  # imported as benchmarks.diff.fleet_opt (tests)
     from benchmarks.diff._common import cell_config, run
+    from benchmarks.diff._fleet_budget import covers_calibration
     from benchmarks.diff._plots import fleet_opt as plot_fleet_opt
 
 #: The black-box methods, each its own job, by the part's name.
@@ -45,6 +48,7 @@ BLACKBOX = {
     "hybrid": "hybrid (gradient + CMA-ES)",
 }
 GRADIENT = "gradient (chosen model)"
+PROXY = "proxy"  # the model job of the neural proxy (fleet_opt.proxy), fitted in the job
 UNIFORM = "uniform policy"
 #: The baselines every gradient comparison is made against, and who is compared.
 BASELINES = ("CMA-ES", "TPE (Optuna)")
@@ -121,6 +125,17 @@ def calibration_cost(times: dict, models: list) -> dict:
     }
 
 
+def with_proxy_fit(cost: dict, proxy_cost: dict | None) -> dict:
+    """The calibrated candidates' calibration cost (:func:`calibration_cost`) with the proxy's fit
+    (its job's ``calibration_cost``) added, where the proxy is a candidate too."""
+    if proxy_cost is None:
+        return cost
+    fit_s = None if cost["fit_s"] is None else cost["fit_s"] + proxy_cost["fit_s"]
+    return {**cost, "fit_s": fit_s, "total_s": None if fit_s is None else cost["targets_s"] + fit_s,
+            "models": [*cost["models"], PROXY], "proxy_fit_s": proxy_cost["fit_s"],
+            "proxy_rollouts": proxy_cost.get("rollouts")}
+
+
 def _model_key(m: dict) -> str:
     return f"{m['mode']}_{m['sends']}"
 
@@ -174,14 +189,38 @@ def candidates(params: dict) -> list:
     return [m for m in params["models"] if _model_key(m) in pool]
 
 
+def proxy_is_candidate(params: dict) -> bool:
+    """Whether the neural proxy (its own job per size) is among the candidates of the comparisons'
+    gradient (``proxy.candidate``)."""
+    return bool((params.get("proxy") or {}).get("candidate", False))
+
+
+def _proxy_run(out: dict, dec, R: int):
+    """The proxy job's run at fleet size ``R`` (``out["proxy"]``) as a candidate: its
+    :class:`~isaac_net.optimise.methods.Result` (the decisions it stored) and its fit's cost."""
+    from isaac_net.optimise.methods import Result
+
+    job = json.loads(open(out["proxy"]).read())
+    if job.get("R") != R or job.get("model") != PROXY or "decisions" not in job:
+        raise ValueError(f"proxy: expected the proxy job of R = {R} with its decisions, got R = "
+                         f"{job.get('R')}, model {job.get('model')!r} ({out['proxy']})")
+    f, r = dec.fleet, job["result"]
+    decisions = {k: torch.tensor(job["decisions"][k], dtype=f.B.dtype, device=f.B.device)
+                 for k in ("p", "tx_dbm")} | {"B": f.B, "pos": f.pos}
+    res = Result(r["name"], decisions, torch.tensor(r["heldout_cells"], dtype=torch.float64), r["wall_s"],
+                 r["rollouts"], r["trace"], r["info"])
+    return res, job["calibration_cost"]
+
+
 def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     """The candidate gradients, the chosen one and the uniform policy at fleet size ``R``.
 
-    The gradient of the comparisons is chosen among ``choose_from`` (by the solutions' training-
-    sends cost on the level), so it is charged all of their runs and the choice: its wall time
-    ``t_grad`` is their sum, and its trace has two rows, the start and the chosen solution at
-    ``t_grad`` (before every candidate ran, none of them is the chosen one). The other models run
-    in their own jobs (:func:`model_part`)."""
+    The gradient of the comparisons is chosen among ``choose_from`` and, with ``proxy.candidate``,
+    the neural proxy (its job's run, ``out["proxy"]``), by the solutions' training-sends cost on the
+    level, so it is charged all of their runs and the choice: its wall time ``t_grad`` is their sum,
+    its calibration every candidate's (the proxy's fit among them), and its trace has two rows, the
+    start and the chosen solution at ``t_grad`` (before every candidate ran, none of them is the
+    chosen one). The other models run in their own jobs (:func:`model_part`)."""
     from isaac_net import optimise as opt
 
     fleet, dec, scorer, cfg = problem(params, R)
@@ -190,6 +229,10 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     for m in pool:
         res = _gradient(scorer, dec, cfg, params, m, out)
         runs[res.name] = (m, res)
+    proxy_cost = None
+    if proxy_is_candidate(params):
+        res, proxy_cost = _proxy_run(out, dec, R)
+        runs[res.name] = ({"model": PROXY}, res)
     # The choice among the candidates, on the training sends (what the black-box methods see), charged.
     r0, t0 = scorer.rollouts, time.perf_counter()
     train = {name: float(scorer.train(res.decisions).mean()) for name, (_, res) in runs.items()}
@@ -200,6 +243,8 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
     trace = [dict(res.trace[0]), {**res.trace[-1], "wall_s": t_grad, "rollouts": select_rollouts}]
     uniform = opt.uniform_policy(dec, scorer, grid=params.get("uniform"))
     times = calibration_times(out["targets"], out["fits"])
+    own_cost = {n: proxy_cost if mm.get("model") == PROXY else calibration_cost(times, [_model_key(mm)])
+                for n, (mm, _) in runs.items()}
     payload = {
         "R": int(R),
         "E": fleet.E,
@@ -212,18 +257,14 @@ def gradient_part(stage, params: dict, out: dict, R: int) -> None:
         "train_cost": train,
         "x_chosen": dec.to_unit(res.decisions).tolist(),
         "p_scale": dec.p_scale,  # the cube x_chosen is on (the hybrid reads it back)
-        "calibration_cost": calibration_cost(times, [_model_key(mm) for mm in pool]),
-        "model_calibration_cost": {
-            n: calibration_cost(times, [_model_key(mm)]) for n, (mm, _) in runs.items()
-        },
+        "calibration_cost": with_proxy_fit(calibration_cost(times, [_model_key(mm) for mm in pool]),
+                                           proxy_cost),
+        "model_calibration_cost": own_cost,
         "results": {name: dump(r) for name, (_, r) in runs.items()}
         | {GRADIENT: {**dump(res), "trace": trace, "wall_s": t_grad, "rollouts": select_rollouts}}
         | {UNIFORM: dump(uniform)},
     }
     stage.write_json(out["json"], payload)
-
-
-PROXY = "proxy"  # the model job of the neural proxy (fleet_opt.proxy), fitted in the job
 
 
 def proxy_part(stage, params: dict, out: dict, R: int) -> None:
@@ -247,8 +288,10 @@ def proxy_part(stage, params: dict, out: dict, R: int) -> None:
           f"held-out {float(res.heldout_cost.mean()):.3f}", flush=True)
     cal = {"targets_s": None, "fit_s": info["wall_s"], "total_s": info["wall_s"], "models": [PROXY],
            "rollouts": info["rollouts"], "kind": "proxy"}
+    # its solution too: the gradient job chooses among it where the proxy is a candidate
+    decisions = {k: res.decisions[k].detach().cpu().tolist() for k in ("p", "tx_dbm")}
     stage.write_json(out["json"], {"R": int(R), "model": PROXY, "result": dump(res), "calibration_cost": cal,
-                                   "proxy": info})
+                                   "proxy": info, "decisions": decisions})
 
 
 def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
@@ -263,17 +306,15 @@ def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
     stage.write_json(out["json"], {"R": int(R), "model": key, "result": dump(res), "calibration_cost": cal})
 
 
-def blackbox_budget(params: dict, grad: dict, method: str) -> float:
-    """The wall budget of ``method`` at the gradient job's fleet size, s."""
-    budget = float(params["budget_factor"]) * grad["t_grad_s"]
-    cal = grad["calibration_cost"]["total_s"]
-    covers = method in params["cover_calibration_methods"] and grad["R"] in params["cover_calibration_R"]
-    if covers and cal is not None:
-        # at least the hybrid's whole budget plus the calibration's time (the comparisons charged in
-        # full: the gradient's at t plus it and the hybrid's at its budget plus it), the calibration's
-        # part up to a cap that keeps the profile's length bounded (beyond it "not measured")
-        budget += min(cal, float(params["cover_calibration_max_s"]))
-    return budget
+def blackbox_budget(params: dict, R: int, method: str, grad: dict | None) -> float:
+    """The wall budget of ``method`` at fleet size ``R``, s: ``cover_wall_s`` where it covers the
+    calibration (:func:`_fleet_budget.covers_calibration`; no gradient job read), otherwise
+    ``budget_factor`` times the gradient job's ``t_grad``."""
+    if covers_calibration(params, R, method):
+        return float(params["cover_wall_s"])
+    if grad is None:
+        raise ValueError(f"gradient: the gradient job of R = {R} sets {method}'s budget, got none")
+    return float(params["budget_factor"]) * grad["t_grad_s"]
 
 
 def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
@@ -283,11 +324,17 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
 
     if method not in BLACKBOX:
         raise ValueError(f"method: unknown {method!r}; expected one of: {', '.join(BLACKBOX)}")
-    grad = json.loads(open(out["gradient"]).read())
-    if grad["R"] != R:
-        raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']} ({out['gradient']})")
+    if method == "hybrid" and covers_calibration(params, R, method):
+        raise ValueError("cover_calibration_methods: the hybrid starts at the gradient's solution, it "
+                         "cannot run from the pipeline's start")
+    grad = None
+    if not covers_calibration(params, R, method):
+        grad = json.loads(open(out["gradient"]).read())
+        if grad["R"] != R:
+            raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']} "
+                             f"({out['gradient']})")
     fleet, dec, scorer, _ = problem(params, R)
-    budget = opt.Budget(wall_s=blackbox_budget(params, grad, method))
+    budget = opt.Budget(wall_s=blackbox_budget(params, R, method, grad))
     seed, every = int(params["seed"]), params["score_every"]
     if method == "cmaes":
         res = opt.cmaes(dec, scorer, budget, seed=seed, score_every=int(every["cmaes"]))
@@ -529,6 +576,7 @@ def compare_size(grad: dict, boxes: dict, params: dict) -> dict:
         "select_rollouts": grad["select_rollouts"],
         "calibration_targets_s": grad["calibration_cost"]["targets_s"],
         "calibration_fit_s": grad["calibration_cost"]["fit_s"], "calibration_s": cal,
+        "calibration_proxy_fit_s": grad["calibration_cost"].get("proxy_fit_s"),
         "gradients": [{"method": n, "wall_s": results[n]["wall_s"], "train_cost": grad["train_cost"].get(n),
                        "candidate": n in grad["train_cost"],
                        "cost": float(sum(results[n]["heldout_cells"]) / len(results[n]["heldout_cells"])),

@@ -281,6 +281,25 @@ FLEET_OPT_OWN_MODELS = [
 ]
 # ... and the neural proxy, fitted in its own job per size (when configured).
 FLEET_OPT_PROXY = ["proxy"] if config["fleet_opt"].get("proxy") else []
+# ... and whether it is a candidate of the comparisons' gradient too (the gradient job reads its run).
+FLEET_OPT_PROXY_CANDIDATE = bool((config["fleet_opt"].get("proxy") or {}).get("candidate", False))
+# Which black-box jobs run a fixed wall time from the start, without the gradient job (plain Python).
+_spec = importlib.util.spec_from_file_location(
+    "fleet_budget", workflow.source_path("../../benchmarks/diff/_fleet_budget.py")
+)
+fleet_budget = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fleet_budget)
+FLEET_BUDGET = "benchmarks/diff/_fleet_budget.py"
+
+
+def fleet_opt_gradient_of(wildcards):
+    """A black-box job reads the gradient job of its size (its budget, the hybrid's start), except
+    where it covers the calibration and runs a fixed wall time from the start."""
+    if fleet_budget.covers_calibration(config["fleet_opt"], int(wildcards.R), wildcards.method):
+        return []
+    return f"{RESULTS}/fleet_opt/gradient_R{wildcards.R}.json"
+
+
 # The cost stage's measuring parts (benchmarks/diff/cost.py PARTS; rules cost_<part>).
 COST_PARTS = ["serial", "threads"]
 FAN_OUT = {

@@ -135,9 +135,11 @@ FLEET_OPT_BLACKBOX_KEYS = [
 
 
 # The gradient job reads the candidates' fits, not the merged calibration: it starts as soon as
-# they are done (the longest fit is not on the black-box jobs' path).
+# they are done (the longest fit is not on the black-box jobs' path); with the proxy a candidate
+# (fleet_opt.proxy.candidate), also its job's run at the size.
 rule fleet_opt_gradient:
     input:
+        **({"proxy": f"{FLEET_OPT_DIR}/model_proxy_R{{R}}.json"} if FLEET_OPT_PROXY_CANDIDATE else {}),
         library=LIBRARY,
         helpers=HELPERS,
         targets=calibration_targets("train") + calibration_targets("heldout"),
@@ -214,7 +216,8 @@ rule fleet_opt_blackbox:
     input:
         library=LIBRARY,
         helpers=HELPERS,
-        gradient=f"{FLEET_OPT_DIR}/gradient_R{{R}}.json",
+        budget=FLEET_BUDGET,
+        gradient=fleet_opt_gradient_of,
     output:
         json=f"{FLEET_OPT_DIR}/{{method}}_R{{R}}.json",
     params:

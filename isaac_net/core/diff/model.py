@@ -149,9 +149,17 @@ def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None, n_busy=None)
     tx_s = (x - rest).sum(-1) / (rate if own_rate is None else relax.smax(rate, own_rate, tau))
     if cfg.air_is_plain:
         return tx_s
-    crowd = cfg.air_factor * relax.smax(n_busy, 1.0, tau) ** cfg.air_crowd_exp
+    return crowded_on_air_s(tx_s, relax.smax(n_busy, 1.0, tau), cfg.air_factor, cfg.air_crowd_exp, cfg.step_s,
+                            tau)
+
+
+def crowded_on_air_s(tx_s, crowd, air_factor: float, air_crowd_exp: float, step_s: float, tau):
+    """A calibrated cell's time on air, s: the band-rate time ``tx_s`` times
+    ``air_factor crowd^air_crowd_exp`` (``crowd``: ``smax(n_busy, 1)``, broadcast to ``tx_s``), at most
+    the step (:func:`on_air_s`'s rule; the calibration's search evaluates it on recorded ``tx_s`` and
+    ``crowd``)."""
     # smin(t, step) = step smin(t / step, 1): the temperature is relative
-    return cfg.step_s * relax.smin(tx_s * crowd / cfg.step_s, 1.0, tau)
+    return step_s * relax.smin(tx_s * (air_factor * crowd ** air_crowd_exp) / step_s, 1.0, tau)
 
 
 def _l1_slot_loops(x, w, cum, log_cum, c0, completion, mass_before, snr_lin, cfg: CellConfig, tau,

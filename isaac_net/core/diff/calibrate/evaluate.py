@@ -15,7 +15,7 @@ from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import relax
 from isaac_net.core.diff.calibrate.loss import TARGET_KPIS, group_kpis
 from isaac_net.core.diff.calibrate.targets import Problem
-from isaac_net.core.diff.model import DiffFluid
+from isaac_net.core.diff.model import DiffFluid, crowded_on_air_s
 from isaac_net.core.diff.rollout import rollout
 
 # The gradient check's defaults: the half step in p of the model's own finite difference, and the
@@ -85,20 +85,21 @@ class AirBasis:
     """The model's KPIs under any time-on-air constants, from two rollouts (:meth:`record`).
 
     Energy does not feed back into the queues: every KPI but the energy is the plain rule's, and a
-    robot's energy in a step is ``tx_w step_s smin(t air_factor smax(n, 1)^air_crowd_exp / step_s, 1)``
-    (``diff.model.on_air_s``) with ``t`` its band-rate time and ``n`` the cell's soft count of
-    backlogged robots, both independent of the constants. The plain rollout gives ``tx_w t`` per step;
-    a probe with the exponent 1 and a factor too small for the cap gives ``tx_w t factor smax(n, 1)``.
+    robot's energy in a step is ``tx_w`` times its time on air,
+    ``step_s smin(t air_factor smax(n, 1)^air_crowd_exp / step_s, 1)`` (``diff.model.crowded_on_air_s``)
+    with ``t`` its band-rate time and ``n`` the cell's soft count of backlogged robots, both
+    independent of the constants. The plain rollout gives ``tx_w t`` per step; a probe with the
+    exponent 1 and a factor too small for the cap gives ``tx_w t factor smax(n, 1)``.
 
     :field kpis: ``{kpi: [1, n_points]}`` the plain rule's KPIs (``model_kpis``).
-    :field tx_w: ``[E, R]`` transmit power, W. :field plain_j: ``[S, E, R]`` energy per counted step
-        with the plain rule, J (S steps after the warm-up). :field crowd: ``[S, E, R]`` ``smax(n, 1)``
-        of the robot's cell at that step (1 where the robot sent nothing: its energy is 0 at any).
+    :field tx_w: ``[E, R]`` transmit power, W. :field tx_s: ``[S, E, R]`` band-rate time on air per
+        counted step, s (S steps after the warm-up). :field crowd: ``[S, E, R]`` ``smax(n, 1)`` of
+        the robot's cell at that step (1 where the robot sent nothing: its energy is 0 at any).
     """
 
     kpis: dict
     tx_w: torch.Tensor
-    plain_j: torch.Tensor
+    tx_s: torch.Tensor
     crowd: torch.Tensor
     step_s: float
     tau: float
@@ -121,16 +122,15 @@ class AirBasis:
             probe_j = probe_j * torch.exp(-tau * torch.log1p(-(r ** (1.0 / tau)).clamp_max(0.5)))
         sent = plain_j > 0
         crowd = torch.where(sent, probe_j / (_PROBE_AIR_FACTOR * torch.where(sent, plain_j, 1.0)), 1.0)
-        return cls(kpis, tx_w, plain_j, crowd, float(cfg.step_s), float(tau))
+        return cls(kpis, tx_w, plain_j / tx_w, crowd, float(cfg.step_s), float(tau))
 
     def energy(self, air_factor: float, air_crowd_exp: float) -> torch.Tensor:
         """``mean_energy_j`` ``[1, n_points]`` with the constants (the rule of ``diff.model.on_air_s``;
         at the plain constants (1, 0) the plain rule's, uncapped)."""
         if CellConfig(air_factor=air_factor, air_crowd_exp=air_crowd_exp).air_is_plain:
             return self.kpis["mean_energy_j"]
-        tx_s = self.plain_j / self.tx_w
-        crowd = air_factor * self.crowd ** air_crowd_exp
-        e = self.tx_w * (self.step_s * relax.smin(tx_s * crowd / self.step_s, 1.0, self.tau))
+        on_air_s = crowded_on_air_s(self.tx_s, self.crowd, air_factor, air_crowd_exp, self.step_s, self.tau)
+        e = self.tx_w * on_air_s
         n = self.kpis["mean_energy_j"].shape[-1]
         return kpi.grouped_batch_kpis({"energy_j": e.mean(0)}, n, (kpi.BY_BATCH_KEY["mean_energy_j"],))[
             "mean_energy_j"].view(1, n)

@@ -448,7 +448,7 @@ def _fit_air(obj: _Objective, start: _Fitted, bounds, evals: int, report: _Progr
         tried.append((value, f, a))
         return value if math.isfinite(value) else 1e12
 
-    e = torch.cat([b.kpis["mean_energy_j"] for b in bases], dim=-1)[0]
+    e = concat_points(b.kpis for b in bases)["mean_energy_j"][0]
     defined = (target > 0) & (e > 0)
     log_f0 = 0.0
     if bool(defined.any()):
