@@ -755,6 +755,59 @@ def test_a_kernel_compiled_once_is_loaded_by_a_later_process(tmp_path, monkeypat
     assert (third.num_compiles, third.num_loads) == (1, 0)
 
 
+def test_a_loaded_kernel_is_checked_to_its_operands_float_error_not_finer():
+    """The check of a loaded kernel against the function run eagerly accepts what a fused kernel's
+    other order of float32 operations gives (an ulp of operands of 1e4 in a value of 0.1: what
+    QAD's forward gave, so its kept kernel was compiled again in every process) and refuses an
+    output off by a share of its tensor's scale, or of another shape."""
+    from isaac_net.core._kernels import _matches_eager
+
+    g = torch.Generator().manual_seed(4)
+    eager = (2.3 * torch.rand(10, 16, 8, generator=g), 6e5 * torch.rand(16, 8, generator=g))
+    eager[0][3, 4, 5] = 0.1182
+    ulp = eager[0].clone()
+    ulp[3, 4, 5] += 2.0 ** -10  # an ulp of 1.2e4, 8e-3 of the value
+    assert _matches_eager((ulp, eager[1].clone()), eager)
+    off = eager[0].clone()
+    off[3, 4, 5] += 0.02  # 1e-2 of the tensor's scale
+    assert not _matches_eager((off, eager[1].clone()), eager)
+    assert not _matches_eager((eager[0],), eager)  # an output missing
+    assert not _matches_eager((eager[0][:5], eager[1]), eager)  # another shape
+    nan = eager[1].clone()
+    nan[0, 0] = float("nan")
+    assert _matches_eager((eager[0], nan.clone()), (eager[0], nan))  # NaN where eager has NaN
+    e64 = torch.rand(6, 5, generator=g, dtype=F64)
+    assert _matches_eager((e64 + 1e-11,), (e64,)) and not _matches_eager((e64 + 1e-7,), (e64,))
+
+
+def test_qads_forward_kernel_is_loaded_by_a_later_process(tmp_path, monkeypatch):
+    """QAD's compiled forward kernel, kept by one process, is loaded by the next (a new Kernel of
+    the same function: nothing in memory) and gives the same rollout."""
+    from isaac_net.core import _kernels
+    from isaac_net.core.diff import _qa_step
+
+    monkeypatch.setattr(_kernels, "_store", lambda: tmp_path)
+    E, R, T = 16, 8, 3  # 30 kB messages: the queue's bytes of 1e4 and more, in differences of 0.1
+    g = torch.Generator().manual_seed(0)
+    p, B = torch.full((E, R), 0.4), torch.full((E, R), 30000.0)
+    pos = 40 + 100 * torch.rand(E, R, 2, generator=g)
+
+    def run():
+        net = DiffFluid(E, R, "cpu", mode="QA", tau=0.05, compile=True)
+        with torch.no_grad():
+            return rollout(net, T, p, B, pos=pos, tx_dbm=torch.full((E, R), 23.0))
+
+    for first in (True, False):
+        kernel = _kernels.Kernel(_qa_step._forward_kernel, dim=(-2, -1))
+        monkeypatch.setitem(_qa_step.FORWARD_KERNELS, False, kernel)
+        out = run()
+        assert (kernel.num_compiles, kernel.num_loads) == ((1, 0) if first else (0, 1))
+        if first:
+            kept = out
+    for k, v in out.items():
+        torch.testing.assert_close(v, kept[k], rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_the_slot_kernels_compile_in_another_process_while_the_step_compiles(tmp_path, monkeypatch):
     """Before a cold compile of L1D's step its slot kernels are compiled in a background process
