@@ -774,18 +774,26 @@ def test_fleet_opt_methods_cover_the_gradient_charged_in_full_where_asked():
     from _fleet_budget import covers_calibration
 
     grad = {"R": 32, "t_grad_s": 2.0, "calibration_cost": {"total_s": 50.0}}
-    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "tpe", grad) == 20.0  # 10 t
+
+    def unread():
+        raise AssertionError("a covered job read the gradient job")
+
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "tpe", lambda: grad) == (20.0, grad)  # 10 t
     # a fixed wall time from the start, whatever the gradient job measured (it is not read)
     assert covers_calibration(FLEET_CFG, 32, "cmaes") and covers_calibration(FLEET_CFG, "32", "cmaes")
-    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "cmaes", None) == 40.0
-    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "cmaes", grad) == 40.0
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 32, "cmaes", unread) == (40.0, None)
     assert not covers_calibration(FLEET_CFG, 8, "cmaes")  # not a covered size
-    assert fleet_opt.blackbox_budget(FLEET_CFG, 8, "cmaes", {**grad, "R": 8}) == 20.0
+    assert fleet_opt.blackbox_budget(FLEET_CFG, 8, "cmaes", lambda: {**grad, "R": 8})[0] == 20.0
     both = {**FLEET_CFG, "cover_calibration_methods": ["cmaes", "tpe"]}
-    assert fleet_opt.blackbox_budget(both, 32, "tpe", None) == 40.0  # TPE asked too
-    assert fleet_opt.blackbox_budget(both, 32, "random", grad) == 20.0  # not asked
+    assert fleet_opt.blackbox_budget(both, 32, "tpe", unread) == (40.0, None)  # TPE asked too
+    assert fleet_opt.blackbox_budget(both, 32, "random", lambda: grad)[0] == 20.0  # not asked
     with pytest.raises(ValueError, match="gradient: the gradient job of R = 32 sets random's budget"):
-        fleet_opt.blackbox_budget(both, 32, "random", None)
+        fleet_opt.blackbox_budget(both, 32, "random", lambda: None)
+    with pytest.raises(ValueError, match="gradient: expected the job of R = 32, got R = 8"):
+        fleet_opt.blackbox_budget(both, 32, "random", lambda: {**grad, "R": 8})
+    with pytest.raises(ValueError, match="the hybrid starts at the gradient's solution"):
+        hybrid = {**FLEET_CFG, "cover_calibration_methods": ["hybrid"]}
+        fleet_opt.blackbox_budget(hybrid, 32, "hybrid", unread)
 
 
 def test_fleet_opt_calibration_cost_reads_the_files_once_and_sums_per_model_list(tmp_path):
@@ -814,12 +822,13 @@ def test_fleet_opt_proxy_candidate_adds_its_fit_and_reads_back_its_exact_solutio
     sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
     import fleet_opt
     import torch
+    from _fleet_budget import proxy_is_candidate
 
     from isaac_net import optimise as opt
 
-    assert not fleet_opt.proxy_is_candidate({}) and not fleet_opt.proxy_is_candidate({"proxy": None})
-    assert not fleet_opt.proxy_is_candidate({"proxy": {"robots": 8}})
-    assert fleet_opt.proxy_is_candidate({"proxy": {"robots": 8, "candidate": True}})
+    assert not proxy_is_candidate({}) and not proxy_is_candidate({"proxy": None})
+    assert not proxy_is_candidate({"proxy": {"robots": 8}})
+    assert proxy_is_candidate({"proxy": {"robots": 8, "candidate": True}})
     cost = {"targets_s": 15.0, "fit_s": 6.5, "total_s": 21.5, "models": ["QA_relaxed"]}
     assert fleet_opt.with_proxy_fit(cost, None) is cost
     assert fleet_opt.with_proxy_fit(cost, {"fit_s": 3.25, "total_s": 3.25, "rollouts": 640}) == {
@@ -1810,3 +1819,26 @@ def test_cost_discrete_row_keeps_fewer_passes_once_they_add_up_to_repeat_time_s(
     assert cost.discrete("L1", 2, 3, 4, torch.float32, "cpu", x, 4, 0, repeat_time_s=1e-9)["passes"] == 2
     assert cost.discrete("L1", 2, 3, 4, torch.float32, "cpu", x, 4, 0, repeat_time_s=1e9)["passes"] == 4
     assert cost.discrete("L1", 2, 3, 4, torch.float32, "cpu", x, 1, 0, repeat_time_s=1e-9)["passes"] == 1
+
+
+def test_stage_scripts_import_neither_scipy_stats_nor_matplotlib_until_used():
+    """Every stage job and every cost measurement is a fresh interpreter that imports these modules;
+    scipy.stats (1.2 s) and matplotlib (0.6 s) are imported where a bootstrap or a figure needs them,
+    not at the top (some 80 jobs a full profile, most of which draw and resample nothing)."""
+    diff = REPO / "benchmarks" / "diff"
+    stages = sorted(p.stem for p in diff.glob("*.py"))
+    code = (f"import sys; sys.path.insert(0, {str(diff)!r}); import isaac_net.optimise; "
+            + "; ".join(f"import {m}" for m in stages)
+            + "; print(sorted({m.split('.')[0] + ('.stats' if m.startswith('scipy.stats') else '') "
+            "for m in sys.modules if m.startswith(('scipy.stats', 'matplotlib'))}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(stages) >= 10 and out.stdout.strip() == "[]"
+    # ... and they are there when used: a figure and a bootstrap interval
+    sys.path.insert(0, str(diff))
+    import numpy as np
+    from _common import ratio_ci
+
+    ratio, lo, hi = ratio_ci(np.array([2.0, 2.2, 1.8, 2.1]), np.array([1.0, 1.1, 0.9, 1.0]), 200,
+                             np.random.default_rng(0))
+    assert ratio == pytest.approx(8.1 / 4.0) and lo < ratio < hi

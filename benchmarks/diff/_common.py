@@ -21,7 +21,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import scipy.stats
 import torch
 from _hashes import record, seal
 
@@ -300,6 +299,8 @@ def ratio_ci(model: np.ndarray, ref: np.ndarray, n_boot: int, rng: np.random.Gen
     pos = (ref[idx].mean(1) > 0).mean()
     if min(pos, 1.0 - pos) > 0.025:
         return ratio, -math.inf, math.inf
+    import scipy.stats  # here: every stage job and cost measurement imports this module (1.2 s)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate resamples (all equal) are reported as NaN
         res = scipy.stats.bootstrap((model, ref), stat, paired=True, vectorized=True, n_resamples=n_boot,

@@ -3,23 +3,37 @@ so that a rerun with the same numbers writes the same bytes."""
 
 from __future__ import annotations
 
+import functools
 import math
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from isaac_net.core import kpi  # noqa: E402
+from isaac_net.core import kpi
 
 _METADATA = {"Software": None, "Date": None}
-_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+@functools.cache
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported at the first figure: every job of the stages
+    imports this module and most draw nothing (matplotlib takes some 0.6 s to import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(i: int) -> str:
+    """The ``i``-th colour of matplotlib's default cycle (cyclic)."""
+    colors = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    return colors[i % len(colors)]
 
 
 def save(fig, path: str) -> None:
     fig.savefig(path, dpi=110, metadata=_METADATA)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 def convergence_curves(curves: list[dict], path: str) -> None:
@@ -28,11 +42,11 @@ def convergence_curves(curves: list[dict], path: str) -> None:
     :input curves: rows with ``mode``, ``load``, ``taus``, ``relaxed`` (per tau) and ``discrete``.
     """
     modes = sorted({c["mode"] for c in curves})
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 3.8), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(modes), figsize=(5.2 * len(modes), 3.8), squeeze=False)
     for ax, mode in zip(axes[0], modes, strict=True):
         rows = [c for c in curves if c["mode"] == mode]
         for i, c in enumerate(rows):
-            color = _COLORS[i % len(_COLORS)]
+            color = _color(i)
             ax.plot(c["taus"], c["relaxed"], "o-", color=color, label=f"p = {c['load']:g}, relaxed")
             ax.axhline(c["discrete"], color=color, ls="--", lw=1, label=f"p = {c['load']:g}, discrete")
         ax.set_xscale("log")
@@ -50,14 +64,14 @@ def fd_error(rows: list[dict], steps: list[float], path: str) -> None:
 
     :input rows: ``mode``, ``input`` and ``rel_err`` (one value per step, None if undefined).
     """
-    fig, ax = plt.subplots(figsize=(5.6, 4.0))
+    fig, ax = _pyplot().subplots(figsize=(5.6, 4.0))
     styles = {"L1": "-", "QA": "--"}
     inputs = sorted({r["input"] for r in rows})
     for r in rows:
         pts = [(h, e) for h, e in zip(steps, r["rel_err"], strict=True) if e is not None and e > 0]
         if not pts:
             continue
-        color = _COLORS[inputs.index(r["input"]) % len(_COLORS)]
+        color = _color(inputs.index(r["input"]))
         ax.plot(*zip(*pts, strict=True), marker="o", ls=styles.get(r["mode"], ":"), color=color,
                 label=f"{r['mode']}D, d/d{r['input']}")
     ax.set_xscale("log")
@@ -103,7 +117,7 @@ def _fleet_row(axes, fleet: dict) -> None:
     """One panel per constant of ``_CONSTANTS``: its fitted value per model against R (log x)."""
     for ax, (key, label, log_y) in zip(axes, _CONSTANTS, strict=False):
         for m, (model, rows) in enumerate(fleet.items()):
-            ax.plot([r["R"] for r in rows], [r[key] for r in rows], "o-", color=_COLORS[m % len(_COLORS)],
+            ax.plot([r["R"] for r in rows], [r[key] for r in rows], "o-", color=_color(m),
                     ms=3, label=model)
         ax.set_xscale("log", base=2)
         if log_y:
@@ -130,7 +144,7 @@ def calibration_sweep(sweep: dict, path: str, kpi_label: dict, fleet: dict | Non
     ylabel = {k.batch_key: axis_label(k) for k in panels}
     top = 1 if fleet else 0
     cols = max(len(kpis), len(_CONSTANTS) if fleet else 0)
-    fig, axes = plt.subplots(len(sizes) + top, cols, figsize=(4.2 * cols, 3.2 * (len(sizes) + top)),
+    fig, axes = _pyplot().subplots(len(sizes) + top, cols, figsize=(4.2 * cols, 3.2 * (len(sizes) + top)),
                              squeeze=False)
     if fleet:
         _fleet_row(axes[0], fleet)
@@ -140,7 +154,7 @@ def calibration_sweep(sweep: dict, path: str, kpi_label: dict, fleet: dict | Non
         for ax, k in zip(axes[i + top], kpis, strict=False):
             ax.plot(ps, [sweep["L2-legacy"][k][j] for j in idx], "k-o", ms=3, lw=1.6, label="L2-legacy")
             for m, (model, curves) in enumerate(sweep["models"].items()):
-                col = _COLORS[m % len(_COLORS)]
+                col = _color(m)
                 label = model.replace("_", "D ", 1).replace("mean_field", "mean-field")
                 for name, ls, lw in (("uncalibrated", "--", 0.9), ("calibrated", "-", 1.2)):
                     ax.plot(ps, [curves[name][k][j] for j in idx], ls=ls, lw=lw, color=col,
@@ -165,7 +179,7 @@ def proxy_fit(payload: dict, path: str, targets: tuple[str, ...], kpi_label: dic
         ``heldout_r2_<target>``) and ``table`` rows with ``proxy``, ``fd_mean``, ``fd_se``.
     """
     sc, s = payload["_scatter"], payload["summary"]
-    fig, axes = plt.subplots(1, len(targets) + 1, figsize=(3.4 * (len(targets) + 1), 3.4))
+    fig, axes = _pyplot().subplots(1, len(targets) + 1, figsize=(3.4 * (len(targets) + 1), 3.4))
     for ax, k in zip(axes, targets, strict=False):
         t = np.array([np.nan if v is None else v for v in sc[k]["true"]], dtype=float)
         p = np.array(sc[k]["pred"], dtype=float)
@@ -208,7 +222,7 @@ def gradient_ratios(detail: list[dict], path: str, within: float) -> None:
     bases = list(dict.fromkeys(m.removesuffix(" cal") for m in models))
     ops = list(dict.fromkeys(d["op"] for d in detail))
     held = {d["op"]: d["held_out"] for d in detail}
-    fig, axes = plt.subplots(len(ops), 1, figsize=(11.0, 3.4 * len(ops)), squeeze=False)
+    fig, axes = _pyplot().subplots(len(ops), 1, figsize=(11.0, 3.4 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops, strict=True):
         labels = list(dict.fromkeys(d["derivative"] for d in detail if d["op"] == op and d["fd_significant"]))
         for j, m in enumerate(models):
@@ -221,7 +235,7 @@ def gradient_ratios(detail: list[dict], path: str, within: float) -> None:
                 l_, h_ = d["ratio_lo"], d["ratio_hi"]
                 lo.append(max(r - max(min(l_, 1e3), -1e3), 0.0) if math.isfinite(l_) else 0.0)
                 hi.append(max(max(min(h_, 1e3), -1e3) - r, 0.0) if math.isfinite(h_) else 0.0)
-            col = _COLORS[bases.index(m.removesuffix(" cal")) % len(_COLORS)]
+            col = _color(bases.index(m.removesuffix(" cal")))
             cal = m.endswith(" cal")
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, color=col, mfc=col if cal else "none", label=m,
                         elinewidth=0.7, alpha=1.0 if cal else 0.6)
@@ -251,7 +265,7 @@ def optimisation(payload: dict, path: str, title: str) -> None:
     """
     s, by = payload["summary"], {r["solution"]: r for r in payload["table"]}
     lvl = s["level"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]})
+    fig, (ax, bx) = _pyplot().subplots(1, 2, figsize=(12.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]})
     for name, hist in payload["history"].items():
         pts = [(h["iter"], h["level_cost_heldout"]) for h in hist if "level_cost_heldout" in h]
         if pts:
@@ -285,12 +299,12 @@ def fleet_opt(traces: dict, ref_s: dict, path: str, level: str) -> None:
     :input ref_s: ``{R: the gradient's wall time, s}``.
     """
     sizes = list(traces)
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(11.0, 3.6 * len(sizes)), squeeze=False)
+    fig, axes = _pyplot().subplots(len(sizes), 2, figsize=(11.0, 3.6 * len(sizes)), squeeze=False)
     for (ax_t, ax_r), R in zip(axes, sizes, strict=True):
         for i, (name, rows) in enumerate(traces[R].items()):
             if not rows:
                 continue
-            style = dict(color=_COLORS[i % len(_COLORS)], lw=1.4, where="post", label=name)
+            style = dict(color=_color(i), lw=1.4, where="post", label=name)
             best = [r["heldout_cost"] for r in rows]
             ax_t.step([max(r["wall_s"], 1e-3) for r in rows], best, **style)
             ax_r.step([r["rollouts"] for r in rows], best, **style)
@@ -314,14 +328,14 @@ def gpu_rows(rows: list[dict], path: str, device: str) -> None:
 
     :input rows: ``kind`` (discrete, diff), ``model``, ``variant``, ``E``, ``cell_steps_per_s``.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    fig, axes = _pyplot().subplots(1, 2, figsize=(11.0, 4.0))
     styles = {"eager": "o-", "cuda_graph": "s--", "compiled": "s--"}
     for ax, kind, title in ((axes[0], "discrete", "discrete levels, forward"),
                             (axes[1], "diff", "relaxed models, forward + backward")):
         mine = [r for r in rows if r["kind"] == kind and r.get("cell_steps_per_s")]
         models = list(dict.fromkeys(r["model"] for r in mine))
         for r_model in models:
-            color = _COLORS[models.index(r_model) % len(_COLORS)]
+            color = _color(models.index(r_model))
             for variant in dict.fromkeys(r["variant"] for r in mine if r["model"] == r_model):
                 pts = sorted((r["E"], r["cell_steps_per_s"]) for r in mine
                              if r["model"] == r_model and r["variant"] == variant)

@@ -33,11 +33,11 @@ import torch
 
 try:
     from _common import cell_config, run
-    from _fleet_budget import covers_calibration
+    from _fleet_budget import covers_calibration, proxy_is_candidate
     from _plots import fleet_opt as plot_fleet_opt
 except ImportError:  # imported as benchmarks.diff.fleet_opt (tests)
     from benchmarks.diff._common import cell_config, run
-    from benchmarks.diff._fleet_budget import covers_calibration
+    from benchmarks.diff._fleet_budget import covers_calibration, proxy_is_candidate
     from benchmarks.diff._plots import fleet_opt as plot_fleet_opt
 
 #: The black-box methods, each its own job, by the part's name.
@@ -189,12 +189,6 @@ def candidates(params: dict) -> list:
     return [m for m in params["models"] if _model_key(m) in pool]
 
 
-def proxy_is_candidate(params: dict) -> bool:
-    """Whether the neural proxy (its own job per size) is among the candidates of the comparisons'
-    gradient (``proxy.candidate``)."""
-    return bool((params.get("proxy") or {}).get("candidate", False))
-
-
 def _proxy_run(out: dict, dec, R: int):
     """The proxy job's run at fleet size ``R`` (``out["proxy"]``) as a candidate: its
     :class:`~isaac_net.optimise.methods.Result` (the decisions it stored) and its fit's cost."""
@@ -306,15 +300,22 @@ def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
     stage.write_json(out["json"], {"R": int(R), "model": key, "result": dump(res), "calibration_cost": cal})
 
 
-def blackbox_budget(params: dict, R: int, method: str, grad: dict | None) -> float:
-    """The wall budget of ``method`` at fleet size ``R``, s: ``cover_wall_s`` where it covers the
-    calibration (:func:`_fleet_budget.covers_calibration`; no gradient job read), otherwise
-    ``budget_factor`` times the gradient job's ``t_grad``."""
+def blackbox_budget(params: dict, R: int, method: str, read_gradient) -> tuple[float, dict | None]:
+    """The wall budget of ``method`` at fleet size ``R``, s, and the gradient job it read (None where
+    it read none): ``cover_wall_s`` where the job covers the calibration
+    (:func:`_fleet_budget.covers_calibration`; ``read_gradient``, a function returning the gradient
+    job of ``R``, is not called), otherwise ``budget_factor`` times the gradient job's ``t_grad``."""
     if covers_calibration(params, R, method):
-        return float(params["cover_wall_s"])
+        if method == "hybrid":
+            raise ValueError("cover_calibration_methods: the hybrid starts at the gradient's solution, it "
+                             "cannot run from the pipeline's start")
+        return float(params["cover_wall_s"]), None
+    grad = read_gradient()
     if grad is None:
         raise ValueError(f"gradient: the gradient job of R = {R} sets {method}'s budget, got none")
-    return float(params["budget_factor"]) * grad["t_grad_s"]
+    if grad["R"] != R:
+        raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']}")
+    return float(params["budget_factor"]) * grad["t_grad_s"], grad
 
 
 def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
@@ -324,17 +325,9 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
 
     if method not in BLACKBOX:
         raise ValueError(f"method: unknown {method!r}; expected one of: {', '.join(BLACKBOX)}")
-    if method == "hybrid" and covers_calibration(params, R, method):
-        raise ValueError("cover_calibration_methods: the hybrid starts at the gradient's solution, it "
-                         "cannot run from the pipeline's start")
-    grad = None
-    if not covers_calibration(params, R, method):
-        grad = json.loads(open(out["gradient"]).read())
-        if grad["R"] != R:
-            raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']} "
-                             f"({out['gradient']})")
+    budget_s, grad = blackbox_budget(params, R, method, lambda: json.loads(open(out["gradient"]).read()))
     fleet, dec, scorer, _ = problem(params, R)
-    budget = opt.Budget(wall_s=blackbox_budget(params, R, method, grad))
+    budget = opt.Budget(wall_s=budget_s)
     seed, every = int(params["seed"]), params["score_every"]
     if method == "cmaes":
         res = opt.cmaes(dec, scorer, budget, seed=seed, score_every=int(every["cmaes"]))

@@ -135,18 +135,10 @@ def _matches_eager(got, eager) -> bool:
     eager ops, and in float32 an ulp of the operands (QAD's forward: 1e-3 of operands of 1e4, in
     a value of 0.1) is far above a relative 1e-4 of the value. A kernel of another function, or a
     damaged one, is off by the tensor's own scale."""
-    got, eager = tuple(got), tuple(eager)
-    if len(got) != len(eager) or any(a.shape != b.shape for a, b in zip(got, eager, strict=True)):
-        return False
+    eager = tuple(eager)
     f64 = all(t.dtype == torch.float64 for t in eager if t.is_floating_point())
     rtol, of_scale, atol = (1e-9, 1e-9, 1e-12) if f64 else (1e-4, 1e-3, 1e-6)
-
-    def scale(t):  # the tensor's largest finite magnitude (0 for an empty or non-finite one)
-        finite = torch.nan_to_num(t.detach().double().abs(), nan=0.0, posinf=0.0, neginf=0.0)
-        return float(finite.max()) if finite.numel() else 0.0
-
-    return all(torch.allclose(a, b, rtol=rtol, atol=atol + of_scale * scale(b), equal_nan=True)
-               for a, b in zip(got, eager, strict=True))
+    return _same(got, eager, rtol=rtol, atol=atol, of_scale=of_scale)
 
 
 def _store() -> Path:
@@ -732,12 +724,19 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
 
 
-def _same(a, b, rtol: float = 0.0, atol: float = 0.0) -> bool:
-    """Two tuples of tensors equal in length and shapes, and in values: exactly, or within
-    ``rtol``/``atol`` (NaN equal to NaN)."""
+def _same(a, b, rtol: float = 0.0, atol: float = 0.0, of_scale: float = 0.0) -> bool:
+    """Two tuples of tensors equal in length and shapes, and in values: exactly, or each element of
+    ``a`` within ``rtol`` of the one of ``b``, or within ``atol`` plus ``of_scale`` times the largest
+    finite magnitude of its tensor of ``b`` (NaN equal to NaN)."""
     a, b = tuple(a), tuple(b)
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
         return False
-    if rtol == atol == 0.0:
+    if rtol == atol == of_scale == 0.0:
         return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    return all(torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True) for x, y in zip(a, b, strict=True))
+
+    def scale(t):  # the tensor's largest finite magnitude (0 for an empty or non-finite one)
+        finite = torch.nan_to_num(t.detach().double().abs(), nan=0.0, posinf=0.0, neginf=0.0)
+        return float(finite.max()) if finite.numel() else 0.0
+
+    return all(torch.allclose(x, y, rtol=rtol, atol=atol + (of_scale * scale(y) if of_scale else 0.0),
+                              equal_nan=True) for x, y in zip(a, b, strict=True))

@@ -15,7 +15,6 @@ each with its own weight and delivery floor (:func:`fleet_cost`).
 from __future__ import annotations
 
 import numpy as np
-import scipy.stats
 import torch
 
 from isaac_net.core import kpi
@@ -88,6 +87,8 @@ def discrete_score(level, T, warmup, dec, u, *, cfg, seed, dtype, chunk=None) ->
 def paired_diff(a: torch.Tensor, b: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float, float]:
     """Mean of ``a - b`` (``[E]`` each, paired by cell) and its percentile bootstrap 95 % interval
     (``n_boot`` resamples, seeded)."""
+    import scipy.stats  # here, not at the top: it takes longer to import than the rest of the package
+
     d = (a - b).numpy()
     if len(d) < 2 or float(np.ptp(d)) == 0.0:
         return float(d.mean()), float(d.mean()), float(d.mean())

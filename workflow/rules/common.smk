@@ -281,15 +281,15 @@ FLEET_OPT_OWN_MODELS = [
 ]
 # ... and the neural proxy, fitted in its own job per size (when configured).
 FLEET_OPT_PROXY = ["proxy"] if config["fleet_opt"].get("proxy") else []
-# ... and whether it is a candidate of the comparisons' gradient too (the gradient job reads its run).
-FLEET_OPT_PROXY_CANDIDATE = bool((config["fleet_opt"].get("proxy") or {}).get("candidate", False))
-# Which black-box jobs run a fixed wall time from the start, without the gradient job (plain Python).
+# Which fleet_opt jobs read which (plain Python): the black-box jobs that run a fixed wall time from
+# the start, without the gradient job, and whether the gradient job reads the proxy's run.
 _spec = importlib.util.spec_from_file_location(
     "fleet_budget", workflow.source_path("../../benchmarks/diff/_fleet_budget.py")
 )
 fleet_budget = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fleet_budget)
 FLEET_BUDGET = "benchmarks/diff/_fleet_budget.py"
+FLEET_OPT_PROXY_CANDIDATE = fleet_budget.proxy_is_candidate(config["fleet_opt"])
 
 
 def fleet_opt_gradient_of(wildcards):
