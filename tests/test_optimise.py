@@ -224,6 +224,27 @@ def test_hybrid_starts_at_the_gradient_solution_and_is_charged_for_it():
     assert res.info["start"] == "gradient, test" and res.info["sigma0"] == 0.05
 
 
+def test_hybrid_imports_cma_before_its_clock_starts(monkeypatch):
+    """Importing pycma (about a second, more on a loaded box) is not charged to the hybrid, as
+    :func:`cmaes` starts its own clock after the import: the module is there when its Run starts."""
+    fleet, dec = small(E=2, R=3)
+    sc = QuadScorer(dec)
+    x = torch.full((2, 6), 0.3, dtype=torch.float64)
+    start = methods.Result("gradient, test", dec.from_unit(x), sc.heldout(dec.from_unit(x)), wall_s=2.5,
+                           rollouts=0, trace=[])
+    seen = []
+
+    class Watched(methods.Run):
+        def __init__(self, *args, **kwargs):
+            seen.append("cma" in sys.modules)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "cma", raising=False)
+    monkeypatch.setattr(methods, "Run", Watched)
+    opt.hybrid(dec, sc, opt.Budget(rollouts=2 * 8), start, score_every=0)
+    assert seen == [True]
+
+
 def test_gradient_stops_on_its_wall_budget_and_uses_no_level_rollouts():
     fleet, dec = small(E=2, R=3)
     scorer = opt.Scorer(fleet, COST, T=8, warmup=2, level="L1")

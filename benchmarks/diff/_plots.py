@@ -145,7 +145,7 @@ def calibration_sweep(sweep: dict, path: str, kpi_label: dict, fleet: dict | Non
     top = 1 if fleet else 0
     cols = max(len(kpis), len(_CONSTANTS) if fleet else 0)
     fig, axes = _pyplot().subplots(len(sizes) + top, cols, figsize=(4.2 * cols, 3.2 * (len(sizes) + top)),
-                             squeeze=False)
+                                   squeeze=False)
     if fleet:
         _fleet_row(axes[0], fleet)
     for i, size in enumerate(sizes):

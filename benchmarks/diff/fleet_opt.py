@@ -28,6 +28,7 @@ method; a black-box job that ended before a budget has no solution there ("not r
 import json
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -300,21 +301,21 @@ def model_part(stage, params: dict, out: dict, R: int, key: str) -> None:
     stage.write_json(out["json"], {"R": int(R), "model": key, "result": dump(res), "calibration_cost": cal})
 
 
-def blackbox_budget(params: dict, R: int, method: str, read_gradient) -> tuple[float, dict | None]:
+def blackbox_budget(params: dict, R: int, method: str, gradient_path: str) -> tuple[float, dict | None]:
     """The wall budget of ``method`` at fleet size ``R``, s, and the gradient job it read (None where
     it read none): ``cover_wall_s`` where the job covers the calibration
-    (:func:`_fleet_budget.covers_calibration`; ``read_gradient``, a function returning the gradient
-    job of ``R``, is not called), otherwise ``budget_factor`` times the gradient job's ``t_grad``."""
+    (:func:`_fleet_budget.covers_calibration`; the gradient job at ``gradient_path`` is not read),
+    otherwise ``budget_factor`` times that job's ``t_grad``."""
     if covers_calibration(params, R, method):
         if method == "hybrid":
             raise ValueError("cover_calibration_methods: the hybrid starts at the gradient's solution, it "
                              "cannot run from the pipeline's start")
         return float(params["cover_wall_s"]), None
-    grad = read_gradient()
+    grad = json.loads(Path(gradient_path).read_text())
     if grad is None:
-        raise ValueError(f"gradient: the gradient job of R = {R} sets {method}'s budget, got none")
+        raise ValueError(f"{gradient_path}: the gradient job of R = {R} sets {method}'s budget, got none")
     if grad["R"] != R:
-        raise ValueError(f"gradient: expected the job of R = {R}, got R = {grad['R']}")
+        raise ValueError(f"{gradient_path}: expected the gradient job of R = {R}, got R = {grad['R']}")
     return float(params["budget_factor"]) * grad["t_grad_s"], grad
 
 
@@ -325,7 +326,7 @@ def blackbox_part(stage, params: dict, out: dict, R: int, method: str) -> None:
 
     if method not in BLACKBOX:
         raise ValueError(f"method: unknown {method!r}; expected one of: {', '.join(BLACKBOX)}")
-    budget_s, grad = blackbox_budget(params, R, method, lambda: json.loads(open(out["gradient"]).read()))
+    budget_s, grad = blackbox_budget(params, R, method, out["gradient"])
     fleet, dec, scorer, _ = problem(params, R)
     budget = opt.Budget(wall_s=budget_s)
     seed, every = int(params["seed"]), params["score_every"]
@@ -453,20 +454,29 @@ def _at_budgets(results: dict, ends: dict, params: dict, R: int, t_grad: float) 
     return rows, comps
 
 
+def _pair_at(results: dict, params: dict, name: str, own_s: float | None, base: str, base_s: float) -> dict:
+    """Method ``name``'s solution at ``own_s`` (s; None: its final one) against ``base``'s at
+    ``base_s``: ``measured`` False where either had recorded none by then (a run whose first trace
+    row came later), else the baseline's cost and the paired difference (:func:`paired`)."""
+    a = results[name] if own_s is None else _at(results[name]["trace"], own_s)
+    b = _at(results[base]["trace"], base_s)
+    if a is None or b is None:
+        return {"measured": False, "unrecorded": name if a is None else base}
+    return {"measured": True, "baseline_cost": b["heldout_cost"],
+            **paired(a["heldout_cells"], b["heldout_cells"], int(params["n_boot"]), int(params["seed"]))}
+
+
 def _vs_baselines(results: dict, ends: dict, params: dict, name: str, at_s: float, **row) -> list:
     """Method ``name``'s solution against each baseline's at ``at_s`` (s) of the baseline's run: one
     row each (``row``'s fields, ``baseline``, ``covered`` False where the baseline's job ended before,
-    and where covered its cost and the paired difference)."""
-    n_boot, seed = int(params["n_boot"]), int(params["seed"])
+    and where covered :func:`_pair_at`'s fields)."""
     out = []
     for base in BASELINES:
         if base not in results:
             continue
-        r = {**row, "baseline": base, "covered": at_s <= ends[base]}
+        r = {**row, "baseline": base, "covered": at_s <= ends[base], "measured": False}
         if r["covered"]:
-            b = _at(results[base]["trace"], at_s)
-            r |= {"baseline_cost": b["heldout_cost"],
-                  **paired(results[name]["heldout_cells"], b["heldout_cells"], n_boot, seed)}
+            r |= _pair_at(results, params, name, None, base, at_s)
         out.append(r)
     return out
 
@@ -493,7 +503,6 @@ def _own_charged(results: dict, ends: dict, params: dict, name: str, cal) -> lis
 def _charged(results: dict, ends: dict, params: dict, R: int, t_grad: float, cal) -> list:
     """Charged in full: the gradient (at t_grad) and the hybrid (at its whole budget) plus the
     calibration's time, against each baseline given that total (where the baseline ran that long)."""
-    n_boot, seed = int(params["n_boot"]), int(params["seed"])
     charged = []
     top = float(params["budget_factor"]) * t_grad
     for ch, own_s in ((GRADIENT, t_grad), (BLACKBOX["hybrid"], top)):
@@ -503,10 +512,9 @@ def _charged(results: dict, ends: dict, params: dict, R: int, t_grad: float, cal
             total = own_s + cal
             row = {"R": R, "method": ch, "baseline": base, "charged": True, "own_s": own_s,
                    "calibration_s": cal, "total_s": total, "baseline_ran_s": ends[base],
-                   "covered": ends[base] >= total}
+                   "covered": ends[base] >= total, "measured": False}
             if row["covered"]:
-                a, b = _at(results[ch]["trace"], own_s), _at(results[base]["trace"], total)
-                row |= {**paired(a["heldout_cells"], b["heldout_cells"], n_boot, seed)}
+                row |= _pair_at(results, params, ch, own_s, base, total)
             charged.append(row)
     return charged
 
@@ -610,7 +618,7 @@ def check_targets(t: dict, comps: list, charged: list, sizes: list) -> dict:
         return any(ok) if ok else None
 
     def full(R):
-        rows = [c for c in charged if c["R"] == R and c["baseline"] == "CMA-ES" and c["covered"]]
+        rows = [c for c in charged if c["R"] == R and c["baseline"] == "CMA-ES" and c["measured"]]
         return None if R not in sizes or not rows else any(c["hi"] < 0 for c in rows)
 
     out = {

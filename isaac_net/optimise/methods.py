@@ -205,6 +205,8 @@ def hybrid(decisions, scorer: Scorer, budget: Budget, start: Result, *, sigma0: 
            seed: int = 0, score_every: int = 5) -> Result:
     """CMA-ES (:func:`cmaes`) from the solution of ``start`` (a gradient :class:`Result`) with the
     small step ``sigma0``; ``start``'s wall time and rollouts are charged to the budget and trace."""
+    import cma  # noqa: F401  -- imported before the clock starts, as :func:`cmaes` does its own
+
     run = Run(scorer, budget, offset_s=start.wall_s, offset_rollouts=start.rollouts)
     x0 = decisions.to_unit(start.decisions)
     res = cmaes(decisions, scorer, budget, x0=x0, sigma0=sigma0, seed=seed, score_every=score_every,
