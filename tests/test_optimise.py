@@ -241,8 +241,10 @@ def test_hybrid_imports_cma_before_its_clock_starts(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "cma", raising=False)
     monkeypatch.setattr(methods, "Run", Watched)
-    opt.hybrid(dec, sc, opt.Budget(rollouts=2 * 8), start, score_every=0)
+    res = opt.hybrid(dec, sc, opt.Budget(rollouts=2 * 8), start, score_every=0)
     assert seen == [True]
+    # the start's time is charged up front: the trace's first row is the start, at its 2.5 s
+    assert 2.5 <= res.trace[0]["wall_s"] < 2.5 + 1.0 and res.trace[0]["rollouts"] == 0
 
 
 def test_gradient_stops_on_its_wall_budget_and_uses_no_level_rollouts():

@@ -163,11 +163,13 @@ def _cma_options(seed: int, cell: int) -> dict:
 
 
 def cmaes(decisions, scorer: Scorer, budget: Budget, *, x0=None, sigma0: float = 0.25, seed: int = 0,
-          score_every: int = 5, name: str = "CMA-ES", run: Run | None = None, objective=None) -> Result:
+          score_every: int = 5, name: str = "CMA-ES", offset_s: float = 0.0, offset_rollouts: int = 0,
+          objective=None) -> Result:
     """CMA-ES per cell on the unit cube (pycma defaults, ``bounds [0, 1]``), from ``x0`` ``[E, 2 R]``
     (default the decisions' start) with step ``sigma0``; each generation asks every cell, scores
     the candidates of all cells in one training rollout (candidate-major) and tells each cell its
-    column, until ``budget``. The solution is each cell's ``result.xfavorite``.
+    column, until ``budget``. The solution is each cell's ``result.xfavorite``. The clock starts
+    after pycma is imported; ``offset_s`` and ``offset_rollouts`` are charged up front (:class:`Run`).
 
     :param objective: ``x [n E, 2 R] -> cost [n, E]`` (torch) instead of the scorer's training
         cost, its ``n E`` counted as rollouts (a stand-in for the level in tests).
@@ -183,7 +185,7 @@ def cmaes(decisions, scorer: Scorer, budget: Budget, *, x0=None, sigma0: float =
     custom = objective is not None
     objective = objective or (lambda x: scorer.train(decisions.from_unit(x)))
     ess = [cma.CMAEvolutionStrategy(x0[e].tolist(), float(sigma0), _cma_options(seed, e)) for e in range(E)]
-    run = run or Run(scorer, budget)
+    run = Run(scorer, budget, offset_s=offset_s, offset_rollouts=offset_rollouts)
     run.record(decisions.from_unit(x0))
     favorite = lambda: np.stack([es.result.xfavorite for es in ess])  # noqa: E731
     gens = 0
@@ -205,12 +207,9 @@ def hybrid(decisions, scorer: Scorer, budget: Budget, start: Result, *, sigma0: 
            seed: int = 0, score_every: int = 5) -> Result:
     """CMA-ES (:func:`cmaes`) from the solution of ``start`` (a gradient :class:`Result`) with the
     small step ``sigma0``; ``start``'s wall time and rollouts are charged to the budget and trace."""
-    import cma  # noqa: F401  -- imported before the clock starts, as :func:`cmaes` does its own
-
-    run = Run(scorer, budget, offset_s=start.wall_s, offset_rollouts=start.rollouts)
     x0 = decisions.to_unit(start.decisions)
     res = cmaes(decisions, scorer, budget, x0=x0, sigma0=sigma0, seed=seed, score_every=score_every,
-                name=f"hybrid ({start.name} + CMA-ES)", run=run)
+                name=f"hybrid ({start.name} + CMA-ES)", offset_s=start.wall_s, offset_rollouts=start.rollouts)
     res.info["start"] = start.name
     return res
 
