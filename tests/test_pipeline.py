@@ -566,6 +566,22 @@ def test_gpu_section_shows_the_rows_ratios_and_failures(tmp_path):
 
 
 # ------------------------------------------------------------------------------ rendering
+def test_sensitivity_page_splits_an_aoi_sign_miss_into_the_delay_slope_and_the_age_term(tmp_path):
+    """A calibrated d AoI / d p of the wrong sign is stated as d delay / d p less an age term, for
+    the level and the model, from the same point's d delay / d p row."""
+    arts = fixture_artifacts()
+    rows = {(r["op"], r["model"], r["kpi"], r["input"]): r for r in arts["sensitivity"]["rows"]}
+    aoi, delay = rows[("far", "L1D rb cal", "mean_aoi", "p")], rows[("far", "L1D rb cal", "mean_delay", "p")]
+    aoi.update(fd_mean=-3.0, grad_mean=2.0, sign_agree=False, verdict="sign_wrong", ratio=-0.667)
+    delay.update(fd_mean=10.0, grad_mean=18.0, ratio=1.8)
+    text = section(build_page(tmp_path, arts), "## Sensitivity against L2-legacy")
+    assert ("- L1D rb cal at far: L2-legacy's d AoI / d p, -3, is its d delay / d p, 10, less 13; the "
+            "model's d delay / d p is 18 (1.8 times L2-legacy's) against an age term of 16, so its d AoI / "
+            "d p is 2.") in text
+    # a row of another KPI or input that disagrees in sign is not split
+    assert text.count("against an age term") == 1
+
+
 def test_numbers_land_in_their_sections(tmp_path):
     page = build_page(tmp_path, fixture_artifacts())
     eq = section(page, "## Equivalence at tau = 0")
