@@ -574,11 +574,14 @@ def test_sensitivity_page_splits_an_aoi_sign_miss_into_the_delay_slope_and_the_a
     aoi, delay = rows[("far", "L1D rb cal", "mean_aoi", "p")], rows[("far", "L1D rb cal", "mean_delay", "p")]
     aoi.update(fd_mean=-3.0, grad_mean=2.0, sign_agree=False, verdict="sign_wrong", ratio=-0.667)
     delay.update(fd_mean=10.0, grad_mean=18.0, ratio=1.8)
+    # a calibrated sign miss of another derivative, listed but not split
+    rows[("far", "L1D rb cal", "mean_delay", "tx_db")].update(grad_mean=-2.2, sign_agree=False,
+                                                              verdict="sign_wrong", ratio=-1.1)
     text = section(build_page(tmp_path, arts), "## Sensitivity against L2-legacy")
     assert ("- L1D rb cal at far: L2-legacy's d AoI / d p, -3, is its d delay / d p, 10, less 13; the "
             "model's d delay / d p is 18 (1.8 times L2-legacy's) against an age term of 16, so its d AoI / "
             "d p is 2.") in text
-    # a row of another KPI or input that disagrees in sign is not split
+    assert "L1D rb cal at far, d delay / d tx dB (model -2.2 against FD 2)" in text
     assert text.count("against an age term") == 1
 
 
