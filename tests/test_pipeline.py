@@ -585,6 +585,45 @@ def test_sensitivity_page_splits_an_aoi_sign_miss_into_the_delay_slope_and_the_a
     assert text.count("against an age term") == 1
 
 
+def test_sensitivity_bar_checks_each_model_at_each_size_and_names_what_misses(tmp_path):
+    """The fleet-size issue's bar: per model and fleet size, that size's point group's sign
+    agreement and median ratio against their thresholds; a size without points does not hold it."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import sensitivity
+
+    bar_cfg = {"R": [32, 64], "models": ["QAD rb cal", "L1D rb cal"], "sign_agree_min": 0.9,
+               "median_ratio": [0.5, 2.0]}
+    metrics = [{"model": "QAD rb cal", "points": "R32", "R": 32, "resolved_rows": 16, "sign_agree_frac": 1.0,
+                "median_ratio": 0.8},
+               {"model": "QAD rb cal", "points": "R64", "R": 64, "resolved_rows": 16,
+                "sign_agree_frac": 0.875, "median_ratio": 0.45},
+               {"model": "L1D rb cal", "points": "R32", "R": 32, "resolved_rows": 16, "sign_agree_frac": 0.9,
+                "median_ratio": 2.0},
+               {"model": "L1D rb cal", "points": "held_out", "resolved_rows": 40, "sign_agree_frac": 1.0,
+                "median_ratio": 1.0}]
+    bar = sensitivity._bar(bar_cfg, metrics)
+    got = {(b["model"], b["R"]): (b["measured"], b["sign_met"], b["median_met"], b["met"]) for b in bar}
+    assert got == {("QAD rb cal", 32): (True, True, True, True),
+                   ("QAD rb cal", 64): (True, False, False, False),
+                   ("L1D rb cal", 32): (True, True, True, True),  # the bounds count as met
+                   ("L1D rb cal", 64): (False, False, False, False)}  # no R = 64 points: not held
+    assert sensitivity._bar(None, metrics) == []
+
+    arts = fixture_artifacts()
+    arts["sensitivity"]["bar"] = bar
+    arts["sensitivity"]["provenance"]["config"]["bar"] = bar_cfg
+    text = section(build_page(tmp_path / "miss", arts), "## Sensitivity against L2-legacy")
+    assert ("at points of R = 32 and 64 robots per cell that no fit used (loads near each size's knee), the "
+            "gradients of QAD rb cal and L1D rb cal agree with the finite differences in sign (at least 0.9 "
+            "of the resolved rows) and in size (median ratio in [0.5, 2]): **it does not hold** (QAD rb cal "
+            "at R = 64: sign agreement 0.875, median ratio 0.45; L1D rb cal at R = 64: not measured).") \
+        in text
+    arts["sensitivity"]["bar"] = [b for b in bar if b["met"]]
+    text = section(build_page(tmp_path / "holds", arts), "## Sensitivity against L2-legacy")
+    assert "in size (median ratio in [0.5, 2]): it holds (sign agreement 0.9–1, median ratios 0.8–2)." in text
+    assert "it does not hold" not in text
+
+
 def test_numbers_land_in_their_sections(tmp_path):
     page = build_page(tmp_path, fixture_artifacts())
     eq = section(page, "## Equivalence at tau = 0")

@@ -280,6 +280,31 @@ def _metrics(rows: list[dict]) -> dict:
             "ci_covers_1_frac": frac([d["ratio_lo"] <= 1.0 <= d["ratio_hi"] for d in sig])}
 
 
+def _bar(bar: dict | None, metrics: list[dict]) -> list[dict]:
+    """The fleet-size issue's bar (config ``bar``): per model of ``bar["models"]`` and fleet size of
+    ``bar["R"]``, that size's point group (``metrics``' ``"R<n>"``): sign agreement at least
+    ``sign_agree_min`` and median ratio within ``median_ratio``. A model or size without a point
+    group (no points there, or no resolved rows) does not hold it (``measured`` False)."""
+    if not bar:
+        return []
+    lo, hi = bar["median_ratio"]
+    out = []
+    for model in bar["models"]:
+        for R in bar["R"]:
+            m = next((m for m in metrics if m["model"] == model and m["points"] == f"R{int(R)}"), None)
+            sign = None if m is None else m["sign_agree_frac"]
+            median = None if m is None else m["median_ratio"]
+            row = {"model": model, "R": int(R), "measured": sign is not None and median is not None,
+                   "resolved_rows": 0 if m is None else m["resolved_rows"], "sign_agree_frac": sign,
+                   "median_ratio": median, "sign_agree_min": float(bar["sign_agree_min"]),
+                   "median_ratio_range": [float(lo), float(hi)]}
+            row["sign_met"] = sign is not None and sign >= bar["sign_agree_min"]
+            row["median_met"] = median is not None and lo <= median <= hi
+            row["met"] = row["sign_met"] and row["median_met"]
+            out.append(row)
+    return out
+
+
 def merge(params: dict, parts: list[dict], cals: dict) -> dict:
     """The artifact payload from the per-point parts: summary, metrics per model and point group,
     the table (one row per derivative and point, one entry per model) and the values."""
@@ -350,7 +375,9 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
         for k in ("sign_agree_frac", "median_ratio", "within_x2_frac", "ci_covers_1_frac"):
             summary[f"{key}_{m['points']}_{k}"] = m[k]
     summary["targets_all_met"] = all(x["met"] for x in targets) if targets else None
-    return {"summary": summary, "metrics": metrics, "targets": targets, "table": table,
+    bar = _bar(params.get("bar"), metrics)
+    summary["bar_met"] = all(x["met"] for x in bar) if bar else None
+    return {"summary": summary, "metrics": metrics, "targets": targets, "bar": bar, "table": table,
             "metrics_other_kpis": metrics_other,
             "kpis": [{"label": k.label, "unit": k.unit, "fitted": k.batch_key in FITTED_KPIS}
                      for k in kpi_registry.KPIS], "values": [p["values"] for p in parts], "rows": detail,
