@@ -1486,6 +1486,46 @@ def test_cost_stage_adds_the_cuda_graph_rows_on_a_gpu_only():
     assert [j.get("cache") for j in cpu[:len(first)]] == [c for _, c in first]
 
 
+def test_l2_bar_scales_the_anchor_commits_rollout_by_the_yardsticks_and_says_met_per_e(tmp_path):
+    """The fast L2-legacy issue's bar: an earlier commit's default rollout (config anchor), scaled by
+    this run's yardstick over the anchor's, over this run's numba rollout, against the targets."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import cost
+
+    def row(backend, E, s):
+        return {"model": "L2-legacy", "variant": f"discrete, {backend} slot loop", "available": True, "E": E,
+                "forward_s": s}
+
+    rows = [row("eager", 16, 1.6), row("numba", 16, 0.08), row("eager", 64, 2.0), row("numba", 64, 0.2),
+            row("eager", 256, 5.0), row("numba", 256, 1.0)]
+    params = {"l2_legacy": True, "l2_backends": {
+        "E": [16, 64, 256], "first_call_E": 16, "cold_s": 60, "warm_s": 5,
+        "speedup_targets": [[16, 10], [64, 10]],
+        "anchor": {"commit": "abc1234", "yardstick_s": 0.5, "rollout_s": {"16": 2.0, "64": 3.0}}}}
+    side, _ = cost._l2_rows(rows, params, 60, yard_s=0.25)  # a box twice as fast: the anchor's times halve
+    by_E = {r["E"]: r for r in side}
+    assert by_E[16]["anchor_s"] == pytest.approx(1.0) and by_E[16]["anchor_speedup"] == pytest.approx(12.5)
+    assert by_E[16]["anchor_met"] is True and by_E[16]["speedup"] == pytest.approx(20.0)
+    assert by_E[64]["anchor_speedup"] == pytest.approx(7.5) and by_E[64]["anchor_met"] is False
+    assert "anchor_speedup" not in by_E[256]  # the anchor has no time there
+    assert cost._l2_rows(rows, params, 60, yard_s=None)[0][0]["anchor_speedup"] is None  # no yardstick
+    del params["l2_backends"]["anchor"]
+    assert "anchor_speedup" not in cost._l2_rows(rows, params, 60, yard_s=0.25)[0][0]
+
+    arts = fixture_artifacts()
+    arts["cost"]["l2_backends"], arts["cost"]["l2_first_calls"] = side, None
+    arts["cost"]["summary"]["yardstick_s"] = 0.25
+    arts["cost"]["provenance"]["config"]["l2_backends"] = {
+        **params["l2_backends"],
+        "anchor": {"commit": "abc1234", "yardstick_s": 0.5, "rollout_s": {"16": 2.0, "64": 3.0}}}
+    text = section(build_page(tmp_path, arts), "## Cost")
+    assert ("compares the default step with the default of commit `abc1234` (the eager slot loop then; "
+            "`benchmarks/perf/l2_anchor.py` timed it on another day, and its times here are "
+            "scaled by this run's yardstick over the one timed beside them, 0.25 s against 0.5 s): at E = 16 "
+            "12.5× faster (1 s a rollout against 0.08 s; bar 10×, met); at E = 64 7.5× faster (1.5 s a "
+            "rollout against 0.2 s; bar 10×, **not met**).") in text
+
+
 def test_cost_parts_split_the_rows_by_the_cores_they_need_and_merge_in_the_stage_order(monkeypatch, tmp_path):
     """The threads part measures the table's rows at its E (1 and 2 threads, their autograd baselines),
     the compiled first calls and L2-legacy's two slot loops (with nothing beside them); the serial part the

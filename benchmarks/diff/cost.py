@@ -41,6 +41,7 @@ import time
 
 import torch
 from _common import REPO, draw_inputs, run
+from _yardstick import yardstick_s
 from tqdm import tqdm
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -327,9 +328,12 @@ def _break_even(warmup: dict, eager_s: float | None, compiled_s: float | None) -
     return out
 
 
-def _l2_rows(rows: list, params: dict, T: int) -> tuple[list, dict | None]:
+def _l2_rows(rows: list, params: dict, T: int, yard_s: float | None = None) -> tuple[list, dict | None]:
     """L2-legacy's slot loops side by side per E (seconds per rollout, cell-steps per second, the
-    numba kernel's speed-up over eager) and the numba kernel's first calls against their targets."""
+    numba kernel's speed-up over eager) and the numba kernel's first calls against their targets.
+    With ``l2_backends["anchor"]`` (an earlier commit's default step, benchmarks/perf/l2_anchor.py)
+    and this run's yardstick ``yard_s``, also the default step against that commit's, whose time is
+    scaled by the yardsticks' ratio (``anchor_s``, ``anchor_speedup``: the issue's bar)."""
     l2 = params.get("l2_backends") if params["l2_legacy"] else None
     if not l2:
         return [], None
@@ -350,12 +354,26 @@ def _l2_rows(rows: list, params: dict, T: int) -> tuple[list, dict | None]:
                      "target_speedup": targets.get(E)})
         side[-1]["target_met"] = (None if side[-1]["speedup"] is None or E not in targets
                                   else side[-1]["speedup"] >= targets[E])
+        side[-1].update(_anchored(l2.get("anchor"), E, secs["numba"], yard_s, targets.get(E)))
     calls = {c: row(f"discrete, numba first call, {FIRST_CALLS[c]}") for c in ("cold", "warm")}
     first = {"E": l2["first_call_E"], "cold_target_s": l2["cold_s"], "warm_target_s": l2["warm_s"]}
     for c, r in calls.items():
         first[f"{c}_s"] = r["first_call_s"] if r else None
         first[f"{c}_met"] = None if r is None else r["first_call_s"] <= l2[f"{c}_s"]
     return side, first
+
+
+def _anchored(anchor: dict | None, E: int, numba_s: float | None, yard_s: float | None,
+              target: float | None) -> dict:
+    """The default step at ``E`` against the ``anchor`` commit's: its rollout time there (config,
+    measured on another box or day) times this run's yardstick over the anchor's (``anchor_s``), over
+    the numba rollout's (``anchor_speedup``); None where a time is missing."""
+    if not anchor or str(E) not in anchor["rollout_s"]:
+        return {}
+    scaled = (anchor["rollout_s"][str(E)] * yard_s / anchor["yardstick_s"]) if yard_s else None
+    speedup = scaled / numba_s if scaled and numba_s else None
+    return {"anchor_commit": str(anchor["commit"]), "anchor_s": scaled, "anchor_speedup": speedup,
+            "anchor_met": None if speedup is None or target is None else speedup >= target}
 
 
 # The stage's measuring parts, each a job of its own (rules cost_serial, cost_threads), merged by the
@@ -396,31 +414,6 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     else:
         stage.write_json(out["json"], {"part": part, "rows": rows, "unavailable": unavailable,
                                        "devices": devices, "yardstick_s": yard})
-
-
-def yardstick_s(repeats: int, steps: int = 10000) -> float:
-    """A box's speed, independent of the library's code: the best of ``repeats`` passes of a fixed
-    chain of ``steps`` small torch ops (``[16, 8, 10]``: the stages' kind of work, per-op overhead more
-    than arithmetic), forward and backward, on one thread, s. Its ratio between two runs compares
-    their boxes where the library's own timings also move with the code."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x0 = torch.rand(16, 8, 10, generator=torch.Generator().manual_seed(0))
-        best = math.inf
-        for _ in range(repeats):
-            x = x0.clone().requires_grad_()
-            t0 = time.perf_counter()
-            y = x
-            for _ in range(steps):
-                y = torch.sigmoid(y * 1.01 - 0.2).cumsum(-1) * 0.1
-            y.sum().backward()
-            best = min(best, time.perf_counter() - t0)
-        return best
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _unindexed(rows: list) -> list:
@@ -513,7 +506,7 @@ def _summarise(stage, params: dict, common: dict, devices: list, rows: list, una
         w["warm_met"] = None if warm is None else w["warm_s"] <= t["warm_s"]
         w.update(_break_even(w, total(f"{m}D", "eager", w["E"]), total(f"{m}D", "compiled", w["E"])))
         warmups.append(w)
-    l2_backends, l2_first_calls = _l2_rows(rows, params, common["T"])
+    l2_backends, l2_first_calls = _l2_rows(rows, params, common["T"], yard)
     large = [r for r in rows if r["available"] and params.get("large") and r["E"] == params["large"]["E"]
              and r["T"] == params["large"]["T"]]
     summary = {

@@ -18,6 +18,7 @@ def cost_part_rule(part, threads, priority):
         input:
             library=LIBRARY,
             helpers=HELPERS,
+            yardstick="benchmarks/diff/_yardstick.py",
         output:
             json=f"{RESULTS}/cost/{part}.json",
         params:
