@@ -714,12 +714,25 @@ def test_numba_slot_loop_keeps_state_load_state_and_reset():
     saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fast.state().items()}
     t0 = fast.t
     first = [fast.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline) for t in range(3)]
-    fast.load_state(saved)
-    fast.t = t0
+    saved_too = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
+    fast.load_state(saved)  # (no copy: the steps below write into saved's rings in place)
+    assert fast.t == t0  # the host's step counter follows the state's
     again = [fast.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline) for t in range(3)]
     for a, c in zip(first, again, strict=True):
         for k in a:
             assert torch.equal(a[k], c[k]), k
+    # another engine's state, taken at another step: a fresh engine (t = 0) steps on from it as the
+    # engine it came from does (its counters used to stay at 0 and the kernels index rings by both)
+    other = make_engine("L2-legacy", 6, 3, cfg=cfg, dtype=dtype, seed=5, backend=backend)
+    other.load_state(saved_too)
+    assert other.t == t0 == int(saved_too["t_now"]) > 0
+    moved = [other.step(send[t], msg_bytes, snr_db=snr_db, deadline=deadline) for t in range(3)]
+    for a, c in zip(first, moved, strict=True):
+        for k in a:
+            assert torch.equal(a[k], c[k]), k
+    other.t = 0  # counters set apart by hand: refused before a kernel writes out of bounds
+    with pytest.raises(RuntimeError, match=r"step counters disagree: t = 0, t_now = "):
+        other.step(send[0], msg_bytes, snr_db=snr_db, deadline=deadline)
 
 
 @pytest.mark.parametrize("seed", [21, 22, 23, 24])

@@ -664,6 +664,7 @@ def constants(level) -> dict:
     return {
         "ints": np.array([0] + [ints[k] for k in INTS[1:]], dtype=np.int64),
         "scratch": _scratch(level, lanes),  # the step kernel's work arrays (each written before it is read)
+        **_step_arrays(level),
         "rings": {},  # _ring_entries' memo
         "rows": np.empty((3, max(cfg.buffer_msgs, 4 * lanes)), torch.empty(0, dtype=dt).numpy().dtype),
         "consts": torch.tensor([values[k] for k in CONSTS], dtype=dt).numpy(),
@@ -673,6 +674,20 @@ def constants(level) -> dict:
             level._bler_b, level._sel_db, level._tbs_per_sb,
             torch.arange(cfg.num_subbands + 1, dtype=dt), level._sr_occasion)),
     }
+
+
+def _step_arrays(level) -> dict:
+    """What :func:`step` passes its kernels besides the level's state, each written before it is read and
+    none kept by the level: ``work`` (``unsched``, ``bytes_`` ``[E, R, A]``, ``finish_slot``, ``usable``),
+    the queue after capture ``q_cap`` (``bytes``, ``size``, ``gen`` ``[E, R, F]``, ``length`` ``[E, R]``),
+    ``keep`` (:func:`_forget`'s) and the step's ``counts`` ``[len(COUNTS), E, R]``."""
+    E, R, A, F = level.E, level.R, level.cfg.timeout_steps, level.cfg.buffer_msgs
+    dt = torch.empty(0, dtype=level.dtype).numpy().dtype
+    return {"work": (np.empty((E, R, A), dt), np.empty((E, R, A), dt), np.empty((E, R, A), np.int64),
+                     np.empty((E, R, A), np.bool_)),
+            "q_cap": (np.empty((E, R, F), dt), np.empty((E, R, F), dt), np.empty((E, R, F), np.int64),
+                      np.empty((E, R), np.int64)),
+            "keep": np.empty(E * R * A, dt), "counts": np.empty((len(COUNTS), E, R), np.int64)}
 
 
 def _scratch(level, lanes: int) -> tuple:
@@ -699,20 +714,25 @@ def _ring_entries(l2, t: int, K: int, memo: dict) -> np.ndarray:
     return memo[key]
 
 
-def estimate(level, x_est: torch.Tensor) -> tuple:
-    """The part of the level's :class:`~.l2_legacy.Estimate` the kernel reads: ``(x, se, order, cap,
-    max_sb)``, each ``[E, R(, S)]``, computed as the eager loop does. The last one is kept: a step's
-    first slots use the previous step's last fading block, the same numbers when the SNR is the same
-    (a function of ``x_est``'s values only, so reused when they are equal)."""
-    last = getattr(level, "_last_estimate", None)
-    if last is not None and last[0].shape == x_est.shape and torch.equal(last[0], x_est):
-        return last
-    level._last_estimate = _estimate(level, x_est)
-    return level._last_estimate
+def estimates(level, xs: list) -> tuple:
+    """The part of the level's :class:`~.l2_legacy.Estimate` the kernel reads for each channel estimate
+    ``xs`` of the step (``[E, R, S]`` each, in the order their blocks start): ``(x, se, order, cap,
+    max_sb)``, each ``[len(xs), E, R(, S)]``, computed as the eager loop does. The step's last is kept:
+    the next step's first slots use the same fading block, the same numbers when the SNR is the same (a
+    function of the channel's values only, so reused when they are equal). The others are computed
+    together (the same numbers: every op is elementwise or per row, and ATen's log2 the same at any
+    position in a tensor), one set of ops a step rather than one a block."""
+    last = getattr(level, "_last_estimate", None)  # each [1, E, R(, S)]
+    n_kept = int(last is not None and last[0].shape[1:] == xs[0].shape and torch.equal(last[0][0], xs[0]))
+    parts = _estimate(level, torch.stack(xs[n_kept:])) if len(xs) > n_kept else last
+    if n_kept and len(xs) > 1:
+        parts = tuple(torch.cat(pair) for pair in zip(last, parts, strict=True))
+    level._last_estimate = tuple(p[-1:] for p in parts)
+    return parts
 
 
 def _estimate(level, x_est: torch.Tensor) -> tuple:
-    """:func:`estimate`'s numbers, computed."""
+    """:func:`estimates`'s numbers, computed for the channels ``x_est`` ``[n, E, R, S]``."""
     se_est = torch.log2(1.0 + x_est).clamp_(max=level._se_max)
     S = se_est.shape[-1]
     if S <= SORT_BY_INSERTION_MAX:  # torch's order, ties included, at a fraction of its cost
@@ -747,41 +767,40 @@ def step(level, send, msg_bytes, snr_db, tx_dbm, deadline) -> dict:
     its bookkeeping in :func:`_open_kernel` and :func:`_close_kernel` around the slot loop
     :func:`_step_kernel`: the eager step's draws and events. Inputs as ``DiscreteLevel._step``'s,
     ``[E, R]`` each; :output: the KPI dict, ``[E, R]`` each."""
-    inputs, dt, t, t_now = level._slot_inputs, level.dtype, level.t, int(level.t_now)
-    E, R, A = level.E, level.R, level.cfg.timeout_steps
-    # What the kernels write is this step's own (a state() taken before keeps its values) but for the
-    # rings and the counters, written in place as in the eager step; each contiguous (one signature).
+    inputs, t, t_now = level._slot_inputs, level.t, int(level.t_now)
+    if t != t_now:  # the kernels index the rings by both, unchecked: a mismatch writes out of bounds
+        raise RuntimeError(f"L2-legacy's step counters disagree: t = {t}, t_now = {t_now} (load_state sets "
+                           "both from the state; set level.t only together with level.t_now)")
+    work, q_cap = inputs["work"], inputs["q_cap"]  # the step's own arrays, kept from step to step
+    # What the kernels write and the level keeps is this step's own (a state() taken before keeps its
+    # values) but for the rings and the counters, written in place as in the eager step; each contiguous
+    # (one signature).
     q = level.queue
     q_old = tuple(x.contiguous() for x in (q.bytes, q.size, q.gen, q.length))
-    # the queue after capture, after the step
-    q_cap, q_new = (tuple(torch.empty_like(x) for x in q_old) for _ in range(2))
+    q_new = tuple(torch.empty_like(x) for x in q_old)  # the queue after the step
     st = {k: v.contiguous() for k, v in level.l2_state.tensors().items()}
     msgs_old = tuple(st[k] for k in PER_MESSAGE)
     st.update({k: torch.empty_like(st[k]) for k in PER_MESSAGE})
     st.update({k: st[k].clone() for k in L2StateView.OWN})
-    msgs = tuple(st[k].numpy() for k in PER_MESSAGE)
+    msgs = _np(st[k] for k in PER_MESSAGE)
     for k, v in level.counters.items():
         level.counters[k] = v.contiguous()
-    work = (torch.empty(E, R, A, dtype=dt), torch.empty(E, R, A, dtype=dt),  # unsched, bytes_
-            torch.empty(E, R, A, dtype=torch.long), torch.empty(E, R, A, dtype=torch.bool))  # finish, usable
-    work_np = tuple(x.numpy() for x in work)
-    kpis = torch.empty(len(KPI_KEYS), E, R, dtype=dt)
+    kpis = torch.empty(len(KPI_KEYS), level.E, level.R, dtype=level.dtype)
+    kpis_np = kpis.numpy()
     _open_kernel(t, t_now, inputs["consts"], send.contiguous().numpy(), msg_bytes.contiguous().numpy(),
-                 _np(q_old), _np(q_cap), _np(msgs_old), msgs, *work_np, kpis.numpy(),
-                 np.empty(E * R * A, work_np[0].dtype))
-    counts = _slots(level, t, snr_db, st, work_np)
+                 _np(q_old), q_cap, _np(msgs_old), msgs, *work, kpis_np, inputs["keep"])
+    counts = _slots(level, t, snr_db, st, work)
     fresh_gen = torch.empty_like(level.fresh_gen)
     _close_kernel(t, t_now, inputs["consts"], inputs["step_times"], deadline.contiguous().numpy(),
-                  radio.dbm_to_w(tx_dbm).contiguous().numpy(), _np(q_cap), _np(q_new),
-                  level.fresh_gen.contiguous().numpy(), fresh_gen.numpy(), msgs, *work_np, counts,
-                  tuple(level.counters[k].numpy() for k in COUNTS[:-1]), kpis.numpy(), inputs["rows"],
-                  inputs["ints"][-1])
+                  radio.dbm_to_w(tx_dbm).contiguous().numpy(), q_cap, _np(q_new),
+                  level.fresh_gen.contiguous().numpy(), fresh_gen.numpy(), msgs, *work, counts,
+                  _np(level.counters[k] for k in COUNTS[:-1]), kpis_np, inputs["rows"], inputs["ints"][-1])
     level.queue, level.fresh_gen, level.l2_state = Queue(*q_new), fresh_gen, L2State(**st)
     level.t, level.t_now = t + 1, level.t_now + 1
-    return dict(zip(KPI_KEYS, kpis, strict=True))
+    return dict(zip(KPI_KEYS, kpis.unbind(0), strict=True))
 
 
-def _np(tensors: tuple) -> tuple:
+def _np(tensors) -> tuple:
     """numpy views of CPU tensors."""
     return tuple(x.numpy() for x in tensors)
 
@@ -791,20 +810,27 @@ def _slots(level, t: int, snr_db: torch.Tensor, st: dict, work: tuple) -> np.nda
     order), then :func:`_step_kernel` on ``st`` (the :class:`~.l2_legacy.L2State` fields by name) and
     ``work`` (``unsched``, ``bytes_``, ``finish_slot``, ``usable``). :output: ``counts``
     ``[len(COUNTS), E, R]`` int64."""
-    inputs, cfg, E, R = level._slot_inputs, level.cfg, level.E, level.R
+    inputs, cfg = level._slot_inputs, level.cfg
     snr3 = radio.db_to_lin(snr_db).unsqueeze(-1)  # [E, R, 1] full power in one subband
     uniforms, new_blocks = level._draw_step(t)
     nack_below = -torch.logit(uniforms)  # [K, E, R]: NACK iff c ln(sinr) + b[mcs] < this
-    rx, rx_of_slot, est, est_of_slot = level._channel_blocks(t, snr3, new_blocks, estimate=estimate)
-    est = [torch.stack(parts) for parts in zip(*est, strict=True)]  # x, se, order, cap, max_sb
-    counts = np.zeros((len(COUNTS), E, R), dtype=np.int64)
-    ints = inputs["ints"].copy()
+    # (the channels of the estimates only: estimates() computes them together)
+    rx, rx_of_slot, est_x, est_of_slot = level._channel_blocks(t, snr3, new_blocks, estimate=_channel_only)
+    est = estimates(level, est_x)  # x, se, order, cap, max_sb
+    counts = inputs["counts"]
+    counts.fill(0)
+    ints = inputs["ints"]
     ints[0] = t
     _step_kernel(ints, _ring_entries(level.l2, t, cfg.num_slots, inputs["rings"]), inputs["consts"],
                  *inputs["tables"], nack_below.numpy(), torch.stack(rx).numpy(), rx_of_slot,
                  *(x.numpy() for x in est), est_of_slot, *work,
                  *(st[f].numpy() for f in L2StateView.KERNEL_FIELDS), counts, inputs["scratch"])
     return counts
+
+
+def _channel_only(level, x_est: torch.Tensor) -> torch.Tensor:
+    """``_channel_blocks``'s ``estimate``: the estimate's channel itself (:func:`estimates` does the rest)."""
+    return x_est
 
 
 class L2StateView:

@@ -160,8 +160,10 @@ class DiscreteLevel:
         return self.device_state()
 
     def load_state(self, state: dict) -> None:
-        """Point the level at ``state`` (tensors as from :meth:`state`); no copy."""
+        """Point the level at ``state`` (tensors as from :meth:`state`); no copy. The host's step
+        counter ``t`` follows the state's ``t_now`` (the draws and the slot rings are keyed by it)."""
         self.load_device_state(state)
+        self.t = int(state["t_now"])
 
     def device_state(self) -> dict:
         """The part of :meth:`state` on the level's device (what a captured step reads and writes)."""
