@@ -366,11 +366,11 @@ def _l2_rows(rows: list, params: dict, T: int, yard_s: float | None = None) -> t
 def _anchored(anchor: dict | None, E: int, numba_s: float | None, yard_s: float | None,
               target: float | None) -> dict:
     """The default step at ``E`` against the ``anchor`` commit's: its rollout time there (config,
-    measured on another box or day) times this run's yardstick over the anchor's (``anchor_s``), over
-    the numba rollout's (``anchor_speedup``); None where a time is missing."""
+    measured on another box or day) times this run's yardstick over the one timed beside it
+    (``anchor_s``), over the numba rollout's (``anchor_speedup``); None where a time is missing."""
     if not anchor or str(E) not in anchor["rollout_s"]:
         return {}
-    scaled = (anchor["rollout_s"][str(E)] * yard_s / anchor["yardstick_s"]) if yard_s else None
+    scaled = (anchor["rollout_s"][str(E)] * yard_s / anchor["yardstick_s"][str(E)]) if yard_s else None
     speedup = scaled / numba_s if scaled and numba_s else None
     return {"anchor_commit": str(anchor["commit"]), "anchor_s": scaled, "anchor_speedup": speedup,
             "anchor_met": None if speedup is None or target is None else speedup >= target}

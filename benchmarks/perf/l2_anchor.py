@@ -8,8 +8,8 @@ the commit out into a temporary git worktree, then times both checkouts' default
 processes, alternating (one thread, the cost stage's inputs: R = 8, T = 60 steps, p = 0.4, message
 sizes 4 and 30 kB, 23 dBm; best of ``--repeats`` passes each), each child with the yardstick of
 ``benchmarks/diff/cost.py`` (a fixed chain of small torch ops, independent of the library). It
-prints the config block: the earlier commit's seconds per rollout per E and its children's best
-yardstick; the cost stage scales those seconds by its own yardstick over that one.
+prints the config block: the earlier commit's seconds per rollout per E and the best yardstick of
+the same children; the cost stage scales each by its own yardstick over that one.
 
     python benchmarks/perf/l2_anchor.py --commit 3dbf7ff            # prints the anchor block
     python benchmarks/perf/l2_anchor.py --commit 3dbf7ff --E 16 64  # fewer batch sizes
@@ -110,17 +110,19 @@ def main() -> None:
                         b["rollout_s"] = min(b["rollout_s"], r["rollout_s"])
                         b["yardstick_s"] = min(b["yardstick_s"], r["yardstick_s"])
                 o, n = best["old"][E], best["new"][E]
-                print(f"E = {E}: {sha} {o['rollout_s']:.3f} s, this checkout {n['rollout_s']:.3f} s "
-                      f"({o['rollout_s'] / n['rollout_s']:.2f}x); yardstick {o['yardstick_s']:.3f} / "
-                      f"{n['yardstick_s']:.3f} s", file=sys.stderr, flush=True)
+                print(f"E = {E}: {sha} {o['rollout_s']:.4g} s, this checkout {n['rollout_s']:.4g} s "
+                      f"({o['rollout_s'] / n['rollout_s']:.2f}x); yardstick {o['yardstick_s']:.4g} / "
+                      f"{n['yardstick_s']:.4g} s", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, check=False,
                            capture_output=True)
-    yard = min(b["yardstick_s"] for b in best["old"].values())
-    rollouts = ", ".join(f'"{E}": {best["old"][E]["rollout_s"]:.4g}' for E in args.E)
+    def per_E(key):
+        return "{" + ", ".join(f'"{E}": {best["old"][E][key]:.4g}' for E in args.E) + "}"
+
     print(f"    anchor:             # L2-legacy's default step at {sha} (benchmarks/perf/l2_anchor.py, "
           f"{time.strftime('%Y-%m-%d')})\n"
-          f"      commit: {sha}\n      yardstick_s: {yard:.4g}\n      rollout_s: {{{rollouts}}}")
+          f"      commit: {sha}\n      rollout_s: {per_E('rollout_s')}\n"
+          f"      yardstick_s: {per_E('yardstick_s')}")
 
 
 if __name__ == "__main__":
