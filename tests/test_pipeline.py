@@ -585,6 +585,23 @@ def test_sensitivity_page_splits_an_aoi_sign_miss_into_the_delay_slope_and_the_a
     assert text.count("against an age term") == 1
 
 
+def test_sensitivity_metrics_count_a_row_without_an_interval_as_not_covering_one():
+    """A resolved row whose model gradient is the same in every replicate (zero at a saturated point)
+    has no bootstrap interval: NaN, written as null; it does not cover 1 and breaks nothing."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import sensitivity
+
+    def row(lo, hi, ratio):
+        return {"fd_significant": True, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
+                "sign_agree": ratio > 0, "ratio_within_x2": 0.5 <= ratio <= 2.0}
+
+    nan = float("nan")
+    got = sensitivity._metrics([row(0.8, 1.2, 1.0), row(None, None, -0.0), row(nan, nan, 0.0),
+                                row(2.5, 3.5, 3.0)])
+    assert got["resolved_rows"] == 4 and got["ci_covers_1_frac"] == 0.25
+    assert got["sign_agree_frac"] == 0.5 and got["within_x2_frac"] == 0.25
+
+
 def test_sensitivity_bar_checks_each_model_at_each_size_and_names_what_misses(tmp_path):
     """The fleet-size issue's bar: per model and fleet size, that size's point group's sign
     agreement and median ratio against their thresholds; a size without points does not hold it."""

@@ -277,7 +277,13 @@ def _metrics(rows: list[dict]) -> dict:
     return {"resolved_rows": len(sig), "sign_agree_frac": frac([d["sign_agree"] for d in sig]),
             "median_ratio": float(np.median(ratios)) if ratios else None,
             "within_x2_frac": frac([bool(d["ratio_within_x2"]) for d in sig]),
-            "ci_covers_1_frac": frac([d["ratio_lo"] <= 1.0 <= d["ratio_hi"] for d in sig])}
+            "ci_covers_1_frac": frac([_covers_1(d["ratio_lo"], d["ratio_hi"]) for d in sig])}
+
+
+def _covers_1(lo: float | None, hi: float | None) -> bool:
+    """Whether a ratio's interval covers 1: not where it has none (a model gradient that is the same in
+    every replicate, zero at a saturated point, has no bootstrap interval: NaN, null in the artifact)."""
+    return lo is not None and hi is not None and lo <= 1.0 <= hi
 
 
 def _bar(bar: dict | None, metrics: list[dict]) -> list[dict]:
