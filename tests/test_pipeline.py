@@ -7,6 +7,7 @@ replaced by stubs that write the fixture artifacts below, so they need no torch 
 
 import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -600,6 +601,19 @@ def test_sensitivity_metrics_count_a_row_without_an_interval_as_not_covering_one
                                 row(2.5, 3.5, 3.0)])
     assert got["resolved_rows"] == 4 and got["ci_covers_1_frac"] == 0.25
     assert got["sign_agree_frac"] == 0.5 and got["within_x2_frac"] == 0.25
+
+
+def test_sensitivity_merge_reads_a_parts_null_interval_back_as_nan(tmp_path):
+    """The artifact writes a non-finite interval as null; the merge (and its figure) reads it as NaN."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "diff"))
+    import sensitivity
+
+    path = tmp_path / "op.json"
+    path.write_text(json.dumps({"op": "x", "rows": [{"ratio": -0.0, "ratio_lo": None, "ratio_hi": None},
+                                                    {"ratio": 1.0, "ratio_lo": 0.5, "ratio_hi": 2.0}]}))
+    rows = sensitivity._read_part(str(path))["rows"]
+    assert math.isnan(rows[0]["ratio_lo"]) and math.isnan(rows[0]["ratio_hi"]) and rows[0]["ratio"] == 0.0
+    assert (rows[1]["ratio_lo"], rows[1]["ratio_hi"]) == (0.5, 2.0)
 
 
 def test_sensitivity_bar_checks_each_model_at_each_size_and_names_what_misses(tmp_path):

@@ -397,6 +397,17 @@ def compute(params: dict, progress: bool = True, device: str = "cpu", calibratio
     return merge(params, parts, cals)
 
 
+def _read_part(path: str) -> dict:
+    """A point's part as :func:`compute_op` returned it: the ratios and their bounds that the artifact
+    writes as null where they are not finite (NaN: no bootstrap interval) back to NaN."""
+    part = json.loads(open(path).read())
+    for d in part["rows"]:
+        for k in ("ratio", "ratio_lo", "ratio_hi"):
+            if d[k] is None:
+                d[k] = math.nan
+    return part
+
+
 def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     """Gradients of L1D and QAD (uncalibrated and calibrated) against L2-legacy finite differences
     with CRN: one part per operating point (``op-<name>``), then ``merge``."""
@@ -408,7 +419,7 @@ def main(stage, params: dict, out: dict, part: str | None = None) -> None:
     if part not in (None, "merge"):
         raise ValueError(f"part: expected op-<name> or merge, got {part!r}")
     if "parts" in out:
-        parts = [json.loads(open(path).read()) for path in out["parts"]]
+        parts = [_read_part(path) for path in out["parts"]]
         parts.sort(key=lambda x: list(ops_by_name(params)).index(x["op"]))
         payload = merge(params, parts, cals)
     else:
