@@ -89,6 +89,23 @@ def test_sensitivity_runs_a_calibrated_model_at_its_own_temperature(monkeypatch)
     assert seen == [("rb", 0.05, 1.0), ("rb", 0.3, 0.5)]
 
 
+def test_sensitivity_point_does_not_depend_on_the_other_points():
+    """A point's rows, bootstrap intervals included, are the same whatever other points the config
+    lists and in whatever order (its bootstrap stream is seeded by its name)."""
+    ops = {op["name"]: op for op in CI["sensitivity"]["ops"]}
+    extra = {**ops["heavy"], "name": "aaa_first"}  # sorts before every other name
+
+    def rows(op_list):
+        params = tiny("sensitivity", level="L1", n_seeds=6, T=8, warmup=1, modes=["QA"], sends=["rb"],
+                      n_boot=40, ops=op_list)
+        return sensitivity.compute_op(params, "heavy", {}, progress=False)["rows"]
+
+    others = [o for n, o in ops.items() if n != "heavy"]
+    alone, crowded = rows([ops["heavy"]]), rows([ops["heavy"], extra, *others])
+    assert any(math.isfinite(r["ratio_lo"]) for r in alone)  # the test sees bootstrap intervals
+    assert json.dumps(alone, sort_keys=True) == json.dumps(crowded, sort_keys=True)
+
+
 def test_replicate_kpis_equal_the_batch_means_for_one_replicate():
     from isaac_net.core.diff.reference import discrete_rollout
 

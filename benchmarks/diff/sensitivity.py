@@ -39,6 +39,7 @@ then ``merge``.
 import json
 import math
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -209,8 +210,9 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     R = int(op.get("R", params["R"]))
     steps = fd_steps_at(params, R)
     models = [m for m in model_list(params) if not m[2] or (m[0], m[1]) in cals]
-    # One stream per operating point: a point's bootstrap does not depend on the others.
-    rng = np.random.default_rng([int(params["seed"]), sorted(ops_by_name(params)).index(op_name)])
+    # One stream per operating point, seeded by its name: a point's bootstrap depends neither on the
+    # other points nor on their order (CRC-32, not hash(): the same in every process).
+    rng = np.random.default_rng([int(params["seed"]), zlib.crc32(op_name.encode())])
     bar = (lambda xs, **kw: tqdm(xs, mininterval=2.0, **kw)) if progress else None
     base = problem(op, n_seeds, per, R, T, int(params["seed"]), dtype)
     base = {k: v.to(device) for k, v in base.items()}
