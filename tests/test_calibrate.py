@@ -202,6 +202,23 @@ def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
     assert [r["sr_slots"] for r in flagged.gradient_check["rejected"]] == [4]
 
 
+def test_each_requirement_has_its_best_choices_refined(monkeypatch):
+    """The grid ranks a requirement's choices before any is refined: with ``refine_top`` 1 and the two
+    best grid choices at 15 dB, the best choice at 5 dB (ranked third) is refined too, and wins when its
+    refined loss is the lowest; the 15 dB runner-up is not refined."""
+    from isaac_net.core.diff.calibrate import search as S
+
+    coarse = [S._Fitted(1.0, 0.6, 0.0, 8, 0.05, 15.0), S._Fitted(1.1, 0.6, 0.0, 16, 0.05, 15.0),
+              S._Fitted(1.2, 0.6, 0.0, 8, 0.05, 5.0), S._Fitted(1.3, 0.6, 0.0, 16, 0.05, 5.0)]
+    refined_loss = {(8, 0.05, 15.0): 0.9, (16, 0.05, 15.0): 0.1, (8, 0.05, 5.0): 0.5, (16, 0.05, 5.0): 0.2}
+    monkeypatch.setattr(S, "_refine", lambda obj, start, evals, tried, report: start._replace(
+        loss=refined_loss[start.choice]))
+    monkeypatch.setattr(S, "_check", lambda obj, cand, sp, sizes, report: {"stable": True})
+    best, _, refined, _ = S._choose_usable(None, coarse, {"refine_top": 1, "refine_evals": 1}, (8,), None)
+    assert [c.choice for c in refined] == [(8, 0.05, 15.0), (8, 0.05, 5.0)]
+    assert best.choice == (8, 0.05, 5.0) and best.loss == 0.5
+
+
 def test_fit_recovers_the_time_on_air_after_the_other_constants():
     """Targets made by QAD with a known time on air (a factor and a crowd exponent) on top of known
     constants: the fit finds the other constants as without it, then the exponent and the factor,

@@ -168,8 +168,8 @@ class FleetCalibration:
 def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
     """``search`` narrowed to the choices next to ``prev``'s (the neighbouring size's fit): the
     latency floors and temperatures of the grid within one step of its, its SNR requirement (QA's
-    headroom rule, not a contention effect), and the best choice refined; the capacity factor and
-    offset keep their whole grid (cheap: batched through the inputs)."""
+    headroom rule, not a contention effect: the reference size's choice), and the best choice
+    refined; the capacity factor and offset keep their whole grid (cheap: batched through the inputs)."""
     def around(values, chosen):
         values = sorted(float(v) for v in values)
         i = min(range(len(values)), key=lambda k: abs(values[k] - chosen))

@@ -57,7 +57,7 @@ SEARCH = {
     "sr_slots": {mode: (0, 8, 16, 24, 32) for mode in MODES},
     "tau": None,  # relaxation temperatures to choose from (None: the fit's ``tau`` only)
     "qa_snr_req_db": None,  # QAD's headroom requirements to choose from, dB (None: the cell's only)
-    "refine_top": 2,  # (latency floor, temperature, requirement) choices refined by Nelder-Mead
+    "refine_top": 2,  # (latency floor, temperature) choices refined by Nelder-Mead per requirement
     "refine_evals": 30,  # loss evaluations per refinement
     # The time on air's crowd exponent: the bounds it is fitted in after the other constants
     # (:func:`_fit_air`; None: not fitted, the plain rule).
@@ -391,7 +391,8 @@ def _check(obj: _Objective, cand: _Fitted, sp: dict, sizes: tuple, report: _Prog
 
 def _choose_usable(obj: _Objective, coarse: list, sp: dict, sizes: tuple, report: _Progress) -> tuple:
     """The refined constants with the lowest loss whose gradients are usable: the best
-    ``sp["refine_top"]`` choices of the grid's ranking refined; while every refined choice fails the
+    ``sp["refine_top"]`` choices of the grid's ranking for each SNR requirement refined (the grid's
+    ranking of the requirements need not be the refined one); while every refined choice fails the
     gradient check, the next choice is refined.
 
     :output: ``(best, checks, refined, tried)``: ``best`` None when no choice passes; ``checks``
@@ -404,8 +405,10 @@ def _choose_usable(obj: _Objective, coarse: list, sp: dict, sizes: tuple, report
         start = next(r for r in coarse if r.choice == choice)
         return _refine(obj, start, sp["refine_evals"], tried, report)
 
-    refined = [refine(choice) for choice in ranking[: int(sp["refine_top"])]]
-    pending = ranking[int(sp["refine_top"]):]
+    top = {choice for req in {c[2] for c in ranking}
+           for choice in [c for c in ranking if c[2] == req][: int(sp["refine_top"])]}
+    refined = [refine(choice) for choice in ranking if choice in top]
+    pending = [choice for choice in ranking if choice not in top]
     checks: dict = {}
     while True:
         for cand in sorted(refined, key=lambda c: c.loss):
