@@ -422,7 +422,40 @@ def test_calibration_constants_are_validated():
                        (dict(rate_factor=True), "rate_factor must be a finite number > 0"),
                        (dict(snr_offset_db=float("nan")), "snr_offset_db must be a finite number"),
                        (dict(l1_sr_slots=41), r"l1_sr_slots must be an integer in \[0, num_slots\]"),
-                       (dict(l1_sr_slots=2.0), r"l1_sr_slots must be an integer")):
+                       (dict(l1_sr_slots=2.0), r"l1_sr_slots must be an integer"),
+                       (dict(load_spread=-0.5), r"load_spread must lie in \[0, 4\]"),
+                       (dict(load_spread=float("inf")), "load_spread must be a finite number")):
         with pytest.raises(ValueError, match=match):
             CellConfig(**bad)
     assert not CellConfig().is_calibrated and CellConfig(l1_sr_slots=1).is_calibrated
+    assert CellConfig(load_spread=1.0).is_calibrated
+    with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
+        make_engine("L2-legacy", 2, 4, cfg=CellConfig(load_spread=1.0))
+
+
+def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
+    """``fit(load_spread=)``: the calibrated model's mean-field sends spread per step (the record's
+    constant, which ``apply`` puts in the cell and a file keeps), the plain model's loss without it;
+    refused for relaxed sends, whose own draws spread, and out of range."""
+    search = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
+              "refine_top": 1, "refine_evals": 1, "air_crowd_exp": None}
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05,
+                                                       lam=0.1).items()}
+    kw = {**TINY, "envs": 2, "search": search, "targets": target}
+    plain, spread = (calibrate.fit("QA", "mean_field", grid=GRID, load_spread=s, **kw) for s in (0.0, 1.0))
+    assert (plain.load_spread, spread.load_spread) == (0.0, 1.0)
+    assert spread.constants["load_spread"] == 1.0 and spread.apply().load_spread == 1.0
+    assert spread.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: no spread
+    assert spread.train_loss != pytest.approx(plain.train_loss, rel=1e-6)  # the calibrated one spreads
+    back = calibrate.Calibration.from_dict(spread.to_dict())
+    assert back.load_spread == 1.0 and back.model(2, 4).cfg.load_spread == 1.0
+    older = {k: v for k, v in spread.to_dict().items() if k != "load_spread"}
+    assert calibrate.Calibration.from_dict(older).load_spread == 0.0  # an entry fitted without it
+    with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends"):
+        calibrate.fit("QA", "relaxed", grid=GRID, load_spread=1.0, **kw)
+    with pytest.raises(ValueError, match="load_spread: expected a finite number >= 0"):
+        calibrate.fit("QA", "mean_field", grid=GRID, load_spread=-1.0, **kw)
+    relaxed = {**spread.to_dict(), "sends": "relaxed"}
+    with pytest.raises(ValueError, match="calibration field 'load_spread': expected 0 for sends"):
+        calibrate.Calibration.from_dict(relaxed, "cal.json")

@@ -16,7 +16,7 @@ from isaac_net.core.levels import L2LegacyConfig
 
 
 def _cal(R: int, *, mode="QA", sends="relaxed", rate_factor=0.6, snr_offset_db=-4.0, sr_slots=8, tau=0.1,
-         qa_snr_req_db=5.0, air_factor=1.0, air_crowd_exp=0.0) -> calibrate.Calibration:
+         qa_snr_req_db=5.0, air_factor=1.0, air_crowd_exp=0.0, load_spread=0.0) -> calibrate.Calibration:
     """A calibration entry at one fleet size with the given constants (no fit behind it)."""
     return calibrate.Calibration(
         mode=mode, sends=sends, rate_factor=rate_factor, snr_offset_db=snr_offset_db, sr_slots=sr_slots,
@@ -24,7 +24,7 @@ def _cal(R: int, *, mode="QA", sends="relaxed", rate_factor=0.6, snr_offset_db=-
         grid=((0.2, 8000.0, 23.0),), heldout_grid=(), R=(R,), area_m=(40.0, 140.0),
         cell=dataclasses.asdict(CellConfig()), l2_config=dataclasses.asdict(L2LegacyConfig()),
         setup={"tau": 0.05}, tau=tau, qa_snr_req_db=qa_snr_req_db if mode == "QA" else None,
-        air_factor=air_factor, air_crowd_exp=air_crowd_exp)
+        air_factor=air_factor, air_crowd_exp=air_crowd_exp, load_spread=load_spread)
 
 
 FLEET = calibrate.FleetCalibration("QA", "relaxed", (
@@ -98,6 +98,12 @@ def test_at_gives_the_fitted_size_and_interpolates_in_log_R_between():
     assert (cfg.air_factor, cfg.air_crowd_exp) == (pytest.approx(0.5), pytest.approx(0.25))
     net = FLEET.model(2, 16)
     assert net.tau == pytest.approx(mid.tau)
+    assert mid.load_spread == 0.0  # relaxed sends: none
+    mf = calibrate.FleetCalibration("QA", "mean_field", tuple(
+        dataclasses.replace(c, sends="mean_field", load_spread=v)
+        for c, v in zip(FLEET.fits, (1.0, 0.5), strict=True)))
+    assert mf.at(16).load_spread == pytest.approx(0.75)
+    assert mf.model(2, 16).cfg.load_spread == pytest.approx(0.75)
     with pytest.raises(AttributeError, match=r"depends on the fleet size; use .at\(R\).tau"):
         _ = FLEET.tau
 

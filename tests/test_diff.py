@@ -549,6 +549,44 @@ def test_qa_rollout_node_steps_and_autograd_agree(sends, air):
     assert all(g.abs().sum() > 0 for g in out["rollout"][1:])
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cells_load_spread_is_the_rollouts_mean_field_sends_per_step(mode):
+    """``CellConfig.load_spread`` gives a mean-field rollout the sends ``relax.spread_sends``: the same
+    KPIs and gradients as the steps run with those sends (QAD's fused node included), other KPIs than
+    without it, mass conserved and delivery in [0, 1]; relaxed sends have their own spread and ignore it."""
+    s = seed_scenario("overload", E=3, R=4, T=12)
+    spread = dataclasses.replace(s.cfg, load_spread=1.0)
+    out = {}
+    for how, cfg in (("rollout", spread), ("steps", s.cfg), ("plain", s.cfg)):
+        p, B = s.p.clone().requires_grad_(), s.B.clone().requires_grad_()
+        net = DiffFluid(3, 4, mode=mode, tau=0.05, cfg=cfg, dtype=F64)
+        if how == "steps":  # the plain cell, stepped with the spread sends
+            from isaac_net.core.kpi import KpiAccumulator
+
+            sends = relax.spread_sends(p, s.T, 1.0)
+            acc = KpiAccumulator(3)
+            inputs = net.inputs(B, snr_db=s.snr_db, deadline=s.deadline)
+            for t in range(s.T):
+                acc.add(net.advance(sends[t], inputs))
+            k = acc.result()
+        else:
+            k = rollout(net, s.T, p, B, snr_db=s.snr_db, deadline=s.deadline, warmup=3)
+        total = kpi_mix(k)
+        out[how] = (total.detach(), *torch.autograd.grad(total, (p, B)))
+        assert 0.0 <= float(k["delivery_ratio"].detach()) <= 1.0
+        left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
+        torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
+    for a, b in zip(out["rollout"], out["steps"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert abs(float(out["rollout"][0] - out["plain"][0])) > 1e-3  # the spread moves the KPIs
+    assert float(out["rollout"][1].abs().sum()) > 0
+    u = torch.rand(s.T, 3, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
+    relaxed = [kpi_mix(rollout(DiffFluid(3, 4, mode=mode, tau=0.05, cfg=c, dtype=F64), s.T, s.p, s.B,
+                               snr_db=s.snr_db, deadline=s.deadline, sends="relaxed", u=u, warmup=3))
+               for c in (spread, s.cfg)]
+    assert torch.equal(relaxed[0], relaxed[1])
+
+
 @pytest.mark.parametrize("mode", ["L1", "QA"])
 def test_on_step_sees_every_step_and_keeps_the_rollouts_kpis(mode):
     """``rollout(on_step=...)`` gets each step's per-robot KPIs, the warm-up's too: their sums over the

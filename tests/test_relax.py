@@ -151,3 +151,43 @@ def test_relaxations_converge_to_hard(tau):
     err = (relax.smin(a, b, tau) - torch.minimum(a, b)).abs() / torch.minimum(a, b)
     assert err.max().item() <= 1 - 2 ** -tau + 1e-12
     assert math.isfinite(err.max().item())
+
+
+def test_spread_sends_have_the_cells_binomial_spread_and_mean():
+    """Mean-field sends with the load spread: every robot of a cell scaled by one factor per step,
+    the factor's mean over the horizon exactly 1 and its coefficient of variation the binomial
+    count's, ``sqrt(sum p (1 - p)) / sum p`` (lognormal at T quantiles: within a few % at T = 400)."""
+    T = 400
+    p = torch.tensor([[0.1] * 64, [0.05] * 32 + [0.1] * 32, [0.0] * 64], dtype=F64)  # [E = 3, R = 64]
+    s = relax.spread_sends(p, T, 1.0)
+    assert s.shape == (T, 3, 64)
+    factor = s[:, :2] / p[:2]
+    assert torch.allclose(factor, factor[..., :1].expand_as(factor))  # one factor per cell and step
+    assert torch.allclose(s[:, :2].mean(0), p[:2], rtol=1e-12)  # the expected sends over the horizon
+    cv = factor[..., 0].std(0, unbiased=False)
+    binomial = torch.sqrt((p * (1 - p)).sum(-1)) / p.sum(-1)
+    assert cv.tolist() == pytest.approx(binomial[:2].tolist(), rel=0.05)  # 0.375 and 0.437
+    assert torch.equal(s[:, 2], torch.zeros(T, 64))  # a cell that sends nothing stays at 0
+    # spread 0 is the plain mean-field sends; twice the spread, twice the cv (about)
+    assert torch.equal(relax.spread_sends(p, T, 0.0), p.expand(T, 3, 64))
+    cv2 = (relax.spread_sends(p, T, 2.0)[:, 0, 0] / 0.1).std(unbiased=False)
+    assert cv2.item() == pytest.approx(2 * binomial[0].item(), rel=0.1)
+
+
+def test_spread_sends_are_deterministic_bounded_and_differentiable():
+    g = torch.Generator().manual_seed(0)
+    p = (0.98 * torch.rand(5, 8, generator=g, dtype=F64)).requires_grad_()
+    a, b = relax.spread_sends(p, 60, 1.0), relax.spread_sends(p.detach(), 60, 1.0)
+    assert torch.equal(a.detach(), b)  # the same order of factors at every call
+    # the order is the cell's whatever the batch: cell 0 alone gets cell 0's sends of the batch
+    assert torch.equal(relax.spread_sends(p.detach()[:1], 60, 1.0), b[:, :1])
+    assert float(b.min()) >= 0.0 and float(b.max()) <= 1.0  # at most one message a step
+    assert float(b.max()) == 1.0  # p up to 0.98: the cap binds at the high factors
+    assert torch.autograd.gradcheck(lambda q: relax.spread_sends(q, 12, 1.0), (p[:2, :3].detach().clone()
+                                                                              .requires_grad_(),))
+    with pytest.raises(ValueError, match="spread: expected a finite number >= 0"):
+        relax.spread_sends(p, 60, -1.0)
+    with pytest.raises(ValueError, match="T: expected an integer >= 1"):
+        relax.spread_sends(p, 0, 1.0)
+    with pytest.raises(ValueError, match=r"p: expected an \[E, R\] tensor"):
+        relax.spread_sends(p[0], 60, 1.0)

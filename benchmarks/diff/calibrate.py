@@ -145,6 +145,8 @@ def fit_size(stage, params: dict, out: dict, part: str) -> None:
         heldout=point_set(params, R, "heldout"), level=params["level"],
         tau=float(params["tau"]), search=params.get("search"), targets=_kpis(out["train"], (R,))[R],
         heldout_targets=_kpis(out["heldout"], (R,))[R], progress=_log,  # a line per choice and check
+        # relaxed sends spread by their own draws
+        load_spread=float(params["load_spread"]) if sends == "mean_field" else 0.0,
         provenance={"stage": stage.name, "profile": stage.profile}, **_fit_kwargs(params))
     # A calibration file of its own: a study at this size needs this fit, not the model's others.
     stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,

@@ -35,6 +35,9 @@ class CellConfig:
     # robots backlogged in the cell, capped at the step (on_air_s; docs/design.md, "Energy in a crowd").
     air_factor: float = 1.0  # factor on a robot's time on air
     air_crowd_exp: float = 0.0  # exponent of the robots backlogged on the time on air
+    # Mean-field sends (DiffFluid's rollout only): the cell's offered load spread per step as binary
+    # sends' binomial spread times load_spread (relax.spread_sends; docs/design.md, "Calibration").
+    load_spread: float = 0.0  # scale of the mean-field sends' load spread (0: p at every step)
 
     def __post_init__(self) -> None:
         positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor", "air_factor")
@@ -52,7 +55,8 @@ class CellConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= self.num_slots):
                 raise ValueError(f"CellConfig.{name} must be an integer in [0, num_slots], got {value!r}")
-        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp"):
+        for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp",
+                     "load_spread"):
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
@@ -98,7 +102,8 @@ class CellConfig:
 
 #: The constants that exist only for calibration: at their defaults they are the plain fluid
 #: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
-CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp")
+CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp",
+                    "load_spread")
 #: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
 #: the plain model has physical values of and a calibration refits (so a cell that differs in
 #: them alone is not calibrated).
@@ -127,6 +132,7 @@ PHYSICAL_RANGES = {
     "snr_offset_db": (-60.0, 60.0, " dB"),
     "air_factor": (1e-3, 100.0, ""),
     "air_crowd_exp": (-2.0, 2.0, ""),
+    "load_spread": (0.0, 4.0, ""),
 }
 _RANGE_WHY = {
     "step_s": "a control step from a microsecond to a minute (beyond, the delays and energies leave float32)",
@@ -144,6 +150,7 @@ _RANGE_WHY = {
     "snr_offset_db": "an offset that keeps the rate SNR finite in float32 (calibrations fit about -12 .. 4)",
     "air_factor": "a factor on the time on air of order one (calibrations fit about 0.3 .. 3)",
     "air_crowd_exp": "an exponent of the robots backlogged (64^2 keeps the time on air finite)",
+    "load_spread": "a scale of the binomial load spread (1 is binary sends' own; 0 none)",
 }
 
 

@@ -17,7 +17,17 @@ rule calibrate_targets:
     params:
         **stage_params(
             "calibrate",
-            drop=["search", "modes", "sends", "tau", "lam", "model_robots", "slope_weight", "compile"],
+            drop=[
+                "search",
+                "modes",
+                "sends",
+                "tau",
+                "lam",
+                "model_robots",
+                "slope_weight",
+                "load_spread",
+                "compile",
+            ],
         ),
         part=lambda wc: f"targets-{wc.set}-{wc.R}",
     wildcard_constraints:

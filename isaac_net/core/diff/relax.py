@@ -14,9 +14,12 @@ tensor ``tau > 0``, as in the compiled step).
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 import typing
 
+import numpy as np
 import torch
 
 EULER_GAMMA = 0.5772156649015329
@@ -358,3 +361,54 @@ def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Ten
     pc = torch.clamp(p, eps, 1.0 - eps)
     uc = torch.clamp(u, eps, 1.0 - eps)
     return torch.sigmoid((torch.logit(pc) - torch.logit(uc)) / lam)
+
+
+#: Seed of the fixed orders of the load factors of :func:`spread_sends` (one order per cell index).
+SPREAD_SEED = 20261206
+
+
+@functools.lru_cache(maxsize=16)
+def _spread_quantiles(T: int, E: int) -> np.ndarray:
+    """``[T, E]``: the standard normal's quantiles at ``(k + 1/2) / T``, ``k < T``, in an order of
+    cell ``e``'s own (drawn with the seed ``(SPREAD_SEED, e)``, so a cell's order does not depend on
+    how many cells are batched with it): one step's draw each, balanced over the horizon."""
+    z = np.array([statistics.NormalDist().inv_cdf((k + 0.5) / T) for k in range(T)])
+    return np.stack([z[np.random.default_rng([SPREAD_SEED, e]).permutation(T)] for e in range(E)], axis=1)
+
+
+def spread_sends(p: torch.Tensor, T: int, spread: float) -> torch.Tensor:
+    r"""Mean-field sends with the cell's load spread ``[T, E, R]``: each robot's send weight ``p``
+    times a factor per step common to its cell.
+
+    With binary sends a cell is offered a binomial number of messages per step, with coefficient of
+    variation :math:`c = \sqrt{\sum_i p_i (1 - p_i)} / \sum_i p_i`; mean-field sends (``p`` at every
+    step) have none, so a queue's knee in load is sharper than with binary sends, the more so the
+    more robots share the cell at a given offered load (docs/design.md section 5). Here step ``t``'s
+    factor is lognormal with coefficient of variation ``spread * c``, taken at the normal quantile
+    ``z_t`` of :func:`_spread_quantiles` (a fixed order per cell index, the same at every call, so the
+    sends are a deterministic, differentiable function of ``p``, through the weight and through ``c``;
+    cells of their own orders average over the ways the loads can follow each other) and
+    normalised to a mean of exactly 1 over the ``T`` steps; a send is at most 1 (one message a step).
+
+    :input p: ``[E, R]`` send probabilities in [0, 1].
+    :param T: control steps, >= 1. :param spread: the scale of ``c``, finite and >= 0 (1: the
+        binomial spread; 0: ``p`` at every step).
+    :output: ``[T, E, R]``.
+    """
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise ValueError(f"T: expected an integer >= 1, got {T!r}")
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
+            math.isfinite(spread) and spread >= 0):
+        raise ValueError(f"spread: expected a finite number >= 0, got {spread!r}")
+    if not isinstance(p, torch.Tensor) or p.dim() != 2:
+        raise ValueError(f"p: expected an [E, R] tensor, got {getattr(p, 'shape', type(p).__name__)}")
+    if spread == 0:
+        return p.unsqueeze(0).expand(T, *p.shape)
+    offered = p.sum(-1, keepdim=True)  # [E, 1] expected sends of the cell per step
+    var = (p * (1.0 - p)).sum(-1, keepdim=True)
+    cv2 = torch.where(offered > 0, var / offered.clamp_min(_tiny(p)) ** 2, 0.0) * spread**2
+    # sqrt's slope at 0 is infinite: a cell without spread (every p 0 or 1) gets no gradient through it.
+    sigma = torch.sqrt(torch.log1p(cv2).clamp_min(1e-12))  # [E, 1] the lognormal's log-sd
+    z = torch.as_tensor(_spread_quantiles(T, p.shape[0]), dtype=p.dtype, device=p.device).unsqueeze(-1)
+    factor = T * torch.softmax(sigma * z, dim=0)  # exp(sigma z_t) / its mean over the steps
+    return torch.clamp(p * factor, max=1.0)

@@ -25,7 +25,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     :input B: ``[E, R]`` message size, bytes.
     :input pos: ``[E, R, 2]`` m, with :input tx_dbm: ``[E, R]`` dBm; or :input snr_db: ``[E, R]`` dB.
     :input deadline: ``[E, R]`` control steps (continuous), default the timeout.
-    :param sends: ``"mean_field"`` (the send weight is ``p``), ``"relaxed"``
+    :param sends: ``"mean_field"`` (the send weight is ``p``; in a cell with ``load_spread > 0``
+        scaled per step by the cell's load factor, ``relax.spread_sends``), ``"relaxed"``
         (``relaxed_bernoulli(p, u_t, lam)``, pathwise gradient) or ``"binary"`` (``u_t < p``,
         no gradient in ``p``, the discrete levels' sends).
     :input u: ``[T, E, R]`` fixed uniforms (drawn from ``generator`` when None); relaxed and
@@ -74,7 +75,8 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     net.detach()  # the previous rollout's graph may be freed already (its backward ran)
     acc = KpiAccumulator(warmup, queued_start=net.state.w.sum(-1) if warmup == 0 else None)
     if sends == "mean_field":
-        send = p
+        spread = net.cfg.load_spread
+        send = relax.spread_sends(p, T, spread) if spread > 0 else p
     elif sends == "relaxed":
         send = relax.relaxed_bernoulli(p, u[:T], lam)  # [T, E, R], as T draws from u[t]
     else:

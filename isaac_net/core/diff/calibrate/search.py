@@ -96,6 +96,7 @@ def fit(
     targets: dict | None = None,
     heldout_targets: dict | None = None,
     slope_weight: float = SLOPE_WEIGHT,
+    load_spread: float = 0.0,
     compile: bool = False,
     progress: bool | Callable[[str], None] = False,
     provenance: dict | None = None,
@@ -119,6 +120,9 @@ def fit(
     :param slope_weight: weight of the slope term of the :func:`loss` (>= 0; 0 fits the levels
         alone): the errors of the KPIs' changes between neighbouring training points and fleet
         sizes (:func:`neighbours`).
+    :param load_spread: mean-field sends only: the scale of the cell's load spread per step the
+        calibrated model runs with (``CellConfig.load_spread``, ``relax.spread_sends``; 1: binary
+        sends' binomial spread), fixed, not searched; the plain model's loss keeps none.
     :param compile: run the model's compiled step (``DiffFluid(compile=True)``) for every loss
         evaluation: the same losses to float rounding, some 2x (L1D) to 7x (QAD) faster on the
         fit's batches after a first call that compiles or loads the kept kernels. The gradient check
@@ -130,13 +134,14 @@ def fit(
     """
     cfg, l2_cfg, choices = _checked_choices(mode, sends, level=level, cfg=cfg, l2_cfg=l2_cfg, envs=envs,
                                             model_envs=model_envs, grid=grid, heldout=heldout, search=search,
-                                            tau=tau, slope_weight=slope_weight, compile=compile)
+                                            tau=tau, slope_weight=slope_weight, compile=compile,
+                                            load_spread=load_spread)
     sizes = fleet_sizes(R)
     cells = _fit_targets(grid, heldout, sizes, dict(area_m=area_m, envs=envs, T=T, warmup=warmup),
                          seed=seed, level=level, cfg=cfg, l2_cfg=l2_cfg, targets=targets,
                          heldout_targets=heldout_targets)
     obj = _Objective(mode, sends, cfg, lam, float(slope_weight), [t.first(model_envs) for t in cells.train],
-                     cells.targets, neighbours(grid, len(sizes)), compile)
+                     cells.targets, neighbours(grid, len(sizes)), compile, float(load_spread))
     report = _Progress(progress, f"calibrate {mode_spec(mode).label} {sends}")
     coarse = _coarse_grid(obj, choices, report)
     best, checks, refined, tried = _choose_usable(obj, coarse, choices.search, sizes, report)
@@ -180,9 +185,15 @@ class _Choices:
 
 
 def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: int, model_envs: int, grid,
-                     heldout, search, tau: float, slope_weight, compile) -> tuple:
+                     heldout, search, tau: float, slope_weight, compile, load_spread) -> tuple:
     """The arguments of :func:`fit` checked once: ``(cfg, l2_cfg, _Choices)`` with the defaults filled."""
     _check_model(mode, sends)
+    if isinstance(load_spread, bool) or not isinstance(load_spread, (int, float)) or not (
+            math.isfinite(load_spread) and load_spread >= 0):
+        raise ValueError(f"load_spread: expected a finite number >= 0, got {load_spread!r}")
+    if load_spread > 0 and sends != "mean_field":
+        raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for sends={sends!r}, "
+                         f"got {load_spread!r}")
     if level != "L2-legacy":
         raise ValueError(f"level: calibrations are fitted to 'L2-legacy', got {level!r}")
     cfg = CellConfig() if cfg is None else cfg
@@ -275,6 +286,7 @@ class _Objective:
     targets: dict
     pairs: torch.Tensor  # [n_pairs, 2] neighbouring training points (the slope term)
     compile: bool  # the model's compiled step
+    load_spread: float = 0.0  # the calibrated model's (CellConfig.load_spread), not searched
 
     def kpis(self, parts: list, c: CellConfig, t: float, candidates=None) -> dict:
         """The model's KPIs on every fleet size's problem in ``parts``, as one set of points."""
@@ -285,11 +297,13 @@ class _Objective:
         return loss(kpis, targets, self.pairs if pairs is None else pairs, self.slope_weight)
 
     def constants(self, eta, off, L, req=None) -> CellConfig:
-        """The plain cell with a capacity factor, SNR offset, latency floor and SNR requirement."""
+        """The plain cell with a capacity factor, SNR offset, latency floor and SNR requirement (and
+        the fit's load spread)."""
         spec = mode_spec(self.mode)
         extra = {} if req is None else {spec.snr_req_field: float(req)}
         return dataclasses.replace(
-            self.cfg, rate_factor=float(eta), snr_offset_db=float(off), **{spec.sr_field: int(L)}, **extra
+            self.cfg, rate_factor=float(eta), snr_offset_db=float(off), **{spec.sr_field: int(L)}, **extra,
+            load_spread=self.load_spread,
         )
 
     def cell(self, f: _Fitted) -> CellConfig:
@@ -509,7 +523,7 @@ def _calibration(obj: _Objective, cells: _Cells, best: _Fitted, checks: dict, ch
         mode=obj.mode, sends=obj.sends, rate_factor=best.rate_factor, snr_offset_db=best.snr_offset_db,
         sr_slots=int(best.sr_slots), train_loss=best.loss, heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train, uncalibrated_heldout_loss=uncal_heldout,
-        air_factor=best.air_factor, air_crowd_exp=best.air_crowd_exp,
+        air_factor=best.air_factor, air_crowd_exp=best.air_crowd_exp, load_spread=obj.load_spread,
         grid=cells.train[0].points, heldout_grid=cells.held[0].points if cells.held is not None else (),
         R=sizes, area_m=tuple(float(a) for a in area_m), cell=_jsonable(dataclasses.asdict(obj.cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)), setup=_jsonable(setup),

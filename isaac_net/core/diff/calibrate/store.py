@@ -59,6 +59,8 @@ class Calibration:
         for unusable gradients; None: not checked.
     :field air_factor, air_crowd_exp: the time on air's factor and the exponent of the robots
         backlogged (``CellConfig``'s; 1 and 0, the plain rule, in an entry fitted without them).
+    :field load_spread: the scale of mean-field sends' load spread (``CellConfig``'s; 0, none, for
+        relaxed sends and in an entry fitted without it).
     """
 
     mode: str
@@ -83,6 +85,7 @@ class Calibration:
     provenance: dict = dataclasses.field(default_factory=dict)
     air_factor: float = 1.0
     air_crowd_exp: float = 0.0
+    load_spread: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "R", fleet_sizes(self.R))
@@ -110,6 +113,7 @@ class Calibration:
         if self.qa_snr_req_db is not None:
             out[spec.snr_req_field] = self.qa_snr_req_db
         out["air_factor"], out["air_crowd_exp"] = self.air_factor, self.air_crowd_exp
+        out["load_spread"] = self.load_spread
         return out
 
     def apply(
@@ -192,7 +196,8 @@ class Calibration:
         if not isinstance(d, dict):
             raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp")
+        optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp",
+                    "load_spread")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
@@ -294,6 +299,11 @@ def _check_fields(kw: dict, source: str) -> None:
         number("air_factor", lo=0.0, lo_open=True)
     if "air_crowd_exp" in kw:
         number("air_crowd_exp")
+    if "load_spread" in kw:  # absent in an entry fitted without it
+        number("load_spread", lo=0.0)
+        if kw["load_spread"] > 0 and kw["sends"] != "mean_field":
+            raise _field_error(source, "load_spread", "0 for sends other than mean_field (a load spread of "
+                               "mean-field sends)", kw["load_spread"])
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
