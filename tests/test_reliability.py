@@ -378,7 +378,9 @@ def _bad_values(name, value):
     numbers = {"rate_factor": [0.0, -1.0, math.nan, "0.5"], "snr_offset_db": [math.inf, "x", True],
                "sr_slots": [-1, 2.5, "4"], "train_loss": [-1.0, math.nan, "0.1"], "heldout_loss": [-1.0, "x"],
                "tau": [0.0, -0.1, "0.1"], "qa_snr_req_db": [math.nan, "5"],
-               "air_factor": [0.0, -1.0, math.nan, "1"], "air_crowd_exp": [math.inf, "x", True]}
+               "air_factor": [0.0, -1.0, math.nan, "1"], "air_crowd_exp": [math.inf, "x", True],
+               # the committed entry is QAD relaxed's: any spread is a mean-field sends' constant
+               "load_spread": [-1.0, math.nan, "1", True, 1.0]}
     if name in numbers:
         return numbers[name]
     return {"mode": ["L3", 1], "sends": ["binary", 0],
@@ -407,9 +409,10 @@ def test_every_field_of_a_calibration_file_is_checked_naming_file_and_field(comm
     for name in entry:
         missing = {k: v for k, v in entry.items() if k != name}
         cases = [(None, name not in optional)] + [(v, True) for v in _bad_values(name, entry[name])]
-        # an entry without these loads (tau: the fit's setup; the time on air's: the plain rule)
+        # an entry without these loads (tau: the fit's setup; the time on air's and the load
+        # spread: the plain rule)
         if name not in ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor",
-                        "air_crowd_exp"):
+                        "air_crowd_exp", "load_spread"):
             with pytest.raises((TypeError, ValueError)) as err:
                 load([missing])
             assert str(path) in str(err.value) and name in str(err.value), (name, str(err.value))
