@@ -505,7 +505,8 @@ def test_qa_node_refuses_a_backward_after_an_input_changed_in_place():
 
 def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
     """``rollout`` as a loop of ``advance``: QAD's fused step one node per step (from the state the
-    net holds, as a constant, as ``rollout`` starts)."""
+    net holds, as a constant, as ``rollout`` starts). Mean-field ``p`` may be ``[T, E, R]``, a send
+    weight per step (``relax.spread_sends``)."""
     from isaac_net.core.diff import relax
     from isaac_net.core.kpi import KpiAccumulator
 
@@ -513,7 +514,11 @@ def _rollout_by_steps(net, T, p, B, snr_db, deadline, sends, u, warmup):
     net.detach()
     acc = KpiAccumulator(warmup)
     for t in range(T):
-        acc.add(net.advance(p if sends == "mean_field" else relax.relaxed_bernoulli(p, u[t], 0.1), inputs))
+        if sends == "mean_field":
+            send = p[t] if p.dim() == 3 else p
+        else:
+            send = relax.relaxed_bernoulli(p, u[t], 0.1)
+        acc.add(net.advance(send, inputs))
     return acc.result()
 
 
@@ -561,14 +566,8 @@ def test_a_cells_load_spread_is_the_rollouts_mean_field_sends_per_step(mode):
         p, B = s.p.clone().requires_grad_(), s.B.clone().requires_grad_()
         net = DiffFluid(3, 4, mode=mode, tau=0.05, cfg=cfg, dtype=F64)
         if how == "steps":  # the plain cell, stepped with the spread sends
-            from isaac_net.core.kpi import KpiAccumulator
-
-            sends = relax.spread_sends(p, s.T, 1.0)
-            acc = KpiAccumulator(3)
-            inputs = net.inputs(B, snr_db=s.snr_db, deadline=s.deadline)
-            for t in range(s.T):
-                acc.add(net.advance(sends[t], inputs))
-            k = acc.result()
+            k = _rollout_by_steps(net, s.T, relax.spread_sends(p, s.T, 1.0), B, s.snr_db, s.deadline,
+                                  "mean_field", None, warmup=3)
         else:
             k = rollout(net, s.T, p, B, snr_db=s.snr_db, deadline=s.deadline, warmup=3)
         total = kpi_mix(k)
