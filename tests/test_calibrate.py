@@ -459,3 +459,11 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
     relaxed = {**spread.to_dict(), "sends": "relaxed"}
     with pytest.raises(ValueError, match="calibration field 'load_spread': expected 0 for sends"):
         calibrate.Calibration.from_dict(relaxed, "cal.json")
+    # Built directly (not from a file or a fit), the record refuses it too: a relaxed rollout ignores it.
+    with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends; expected 0 for "
+                                         "sends='relaxed'"):
+        dataclasses.replace(spread, sends="relaxed")
+    for bad in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="load_spread: expected a finite number >= 0"):
+            dataclasses.replace(spread, load_spread=bad)
+    assert dataclasses.replace(spread, sends="relaxed", load_spread=0.0).load_spread == 0.0

@@ -48,6 +48,30 @@ def test_scaled_points_keep_the_offered_bytes_per_cell_and_drop_what_p_cannot_ca
 def test_model_envs_keep_about_model_robots_per_point():
     assert [calibrate.model_envs_for(R, 32, 16) for R in (4, 8, 16, 32, 64)] == [8, 4, 2, 1, 1]
     assert calibrate.model_envs_for(2, 32, 6) == 6  # never more cells than the level ran
+    # With a load spread at least SPREAD_MIN_ENVS cells: one cell would be one path of its factors.
+    assert calibrate.fleet.SPREAD_MIN_ENVS == 4
+    assert [calibrate.model_envs_for(R, 32, 16, 1.0) for R in (4, 8, 16, 32, 64)] == [8, 4, 4, 4, 4]
+    assert calibrate.model_envs_for(64, 32, 3, 0.5) == 3  # still at most the level's cells
+    assert calibrate.model_envs_for(64, 32, 16, 0.0) == 1
+
+
+def test_a_size_fitted_with_a_load_spread_runs_its_model_on_at_least_four_cells():
+    """``fit_size(load_spread=)`` and ``size_losses`` run the spread model on SPREAD_MIN_ENVS cells a
+    point where ``model_robots`` alone would give one, and the forms' own loss is the fit's."""
+    grid = calibrate.product_grid([0.2, 0.4], [8000.0], [23.0])
+    kw = dict(envs=4, T=12, warmup=3, seed=0, lam=0.1, model_robots=8)
+    search = {"rate_factor": (0.7,), "snr_offset_db": (-4.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
+              "refine_top": 1, "refine_evals": 2, "air_crowd_exp": None}
+    one = calibrate.fit_size("QA", "mean_field", R=8, neighbour=None, grid=grid, search=search,
+                             load_spread=1.0, **kw)
+    plain = calibrate.fit_size("QA", "mean_field", R=8, neighbour=None, grid=grid, search=search, **kw)
+    assert (one.setup["model_envs"], plain.setup["model_envs"]) == (4, 1)
+    assert one.load_spread == 1.0
+    targets = {8: calibrate.measure(calibrate.problem(grid, R=8, envs=4, T=12, warmup=3, seed=0),
+                                    level="L2-legacy", seed=0)}
+    fc = calibrate.FleetCalibration("QA", "mean_field", (one,))
+    forms = calibrate.fleet.size_losses(fc, ref_R=8, grids={8: grid}, targets=targets, **kw)
+    assert forms[0]["own"] == pytest.approx(one.train_loss, rel=1e-6)
 
 
 def test_continuation_goes_outwards_from_the_reference_size():

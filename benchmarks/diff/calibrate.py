@@ -146,7 +146,7 @@ def fit_size(stage, params: dict, out: dict, part: str) -> None:
         tau=float(params["tau"]), search=params.get("search"), targets=_kpis(out["train"], (R,))[R],
         heldout_targets=_kpis(out["heldout"], (R,))[R], progress=_log,  # a line per choice and check
         # relaxed sends spread by their own draws
-        load_spread=float(params["load_spread"]) if sends == "mean_field" else 0.0,
+        load_spread=float(params["load_spread"][mode]) if sends == "mean_field" else 0.0,
         provenance={"stage": stage.name, "profile": stage.profile}, **_fit_kwargs(params))
     # A calibration file of its own: a study at this size needs this fit, not the model's others.
     stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,
@@ -171,11 +171,12 @@ def fit(stage, params: dict, out: dict, model: str) -> None:
     train = _kpis(out["train"], sizes)
     grids = {R: point_set(params, R, "train") for R in sizes}
     forms = calibrate.fleet.size_losses(fc, ref_R=ref, grids=grids, targets=train, **_fit_kwargs(params))
+    cal = fc.at(ref)
     sweep, _ = _problem(params, "sweep", ref)
-    sweep = sweep.first(calibrate.model_envs_for(ref, int(params["model_robots"]), int(params["envs"])))
+    sweep = sweep.first(calibrate.model_envs_for(ref, int(params["model_robots"]), int(params["envs"]),
+                                                 cal.load_spread))
     curves = {}
     # Each at its own temperature: the plain model at the studies', the calibrated one at its fitted.
-    cal = fc.at(ref)
     for name, c, t in (("uncalibrated", cfg, float(params["tau"])), ("calibrated", cal.apply(cfg), cal.tau)):
         k = calibrate.model_kpis(mode, sends, sweep, c, tau=t, lam=float(params["lam"]),
                                  compile=bool(params["compile"]))
@@ -197,7 +198,7 @@ def _row(c: dict) -> dict:
             "sr_field": calibrate.sr_field(c["mode"]), "sr_slots": c["sr_slots"],
             "tau": cal.tau, "qa_snr_req_db": cal.qa_snr_req_db,
             "air_factor": cal.air_factor, "air_crowd_exp": cal.air_crowd_exp,
-            "air_fit": c["setup"].get("air_fit"),
+            "air_fit": c["setup"].get("air_fit"), "load_spread": cal.load_spread,
             "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
             "model_envs": c["setup"]["model_envs"],
             "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],

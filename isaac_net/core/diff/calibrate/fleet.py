@@ -48,10 +48,20 @@ def scaled_points(points, R: int, *, ref_R: int, p_max: float = P_MAX) -> tuple:
     return tuple(pt for pt in out if pt[0] <= p_max)
 
 
-def model_envs_for(R: int, model_robots: int, envs: int) -> int:
+#: The fewest cells per point through a model with a load spread (``CellConfig.load_spread``): its
+#: factors are drawn per cell, so one cell is one path of them, which a fit would fit as if it were
+#: the load's shape.
+SPREAD_MIN_ENVS = 4
+
+
+def model_envs_for(R: int, model_robots: int, envs: int, load_spread: float = 0.0) -> int:
     """The cells per point through the model at ``R`` robots per cell: about ``model_robots``
-    robots (at least one cell, at most ``envs``): the model's cost stays the same at every size."""
-    return max(1, min(int(envs), math.ceil(int(model_robots) / int(R))))
+    robots (at least one cell, at most ``envs``): the model's cost stays the same at every size.
+    With a load spread at least :data:`SPREAD_MIN_ENVS` cells (at most ``envs``)."""
+    n = max(1, math.ceil(int(model_robots) / int(R)))
+    if load_spread > 0:
+        n = max(n, SPREAD_MIN_ENVS)
+    return min(int(envs), n)
 
 
 def _log_linear(fits, R: int) -> Calibration:
@@ -212,7 +222,8 @@ def fit_size(mode: str, sends: str, *, R: int, neighbour: Calibration | None, gr
     report = progress if not callable(progress) else (lambda line: progress(f"R = {R}: {line}"))
     t0 = time.perf_counter()
     cal = fit(mode, sends, grid=grid, heldout=heldout, R=R, envs=envs,
-              model_envs=model_envs_for(R, model_robots, envs), targets=targets,
+              model_envs=model_envs_for(R, model_robots, envs, kwargs.get("load_spread", 0.0)),
+              targets=targets,
               heldout_targets=heldout_targets, search={k: v for k, v in sp.items() if k in SEARCH},
               progress=report, **kwargs)
     return dataclasses.replace(cal, setup={**cal.setup, "wall_fit_s": time.perf_counter() - t0,
@@ -272,7 +283,7 @@ def size_losses(fc: FleetCalibration, *, ref_R: int, grids: dict, targets: dict,
     cfg = CellConfig() if cfg is None else cfg
     sizes, rows = fc.R, []
     for i, R in enumerate(sizes):
-        n = model_envs_for(R, model_robots, envs)
+        n = model_envs_for(R, model_robots, envs, fc.fits[i].load_spread)
         part = problem(grids[R], R=R, area_m=area_m, envs=envs, T=T, warmup=warmup, seed=seed).first(n)
         pairs = neighbours(grids[R])
 

@@ -100,6 +100,13 @@ class Calibration:
             modes = " or ".join(map(repr, with_rule))
             raise ValueError(f"qa_snr_req_db: expected None or, for mode {modes}, a finite number of dB; "
                              f"got {req!r}")
+        spread = self.load_spread
+        if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
+                math.isfinite(spread) and spread >= 0):
+            raise ValueError(f"load_spread: expected a finite number >= 0, got {spread!r}")
+        if spread > 0 and self.sends != "mean_field":  # a relaxed rollout would ignore it
+            raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for "
+                             f"sends={self.sends!r}, got {spread!r}")
 
     @property
     def constants(self) -> dict:
