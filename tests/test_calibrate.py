@@ -177,6 +177,24 @@ def _fake_check(unstable_floors):
     return check
 
 
+def test_the_gradient_check_runs_on_the_first_check_envs_cells(monkeypatch):
+    """``check_envs`` cells a point in every gradient check (the first of the model's), all
+    ``model_envs`` without it; the fitted constants' check is recorded with the count."""
+    real, seen = calibrate.check_gradients, []
+
+    def check(mode, sends, prob, cfg, **kw):
+        seen.append((prob.envs, prob.p.shape[0]))
+        return real(mode, sends, prob, cfg, **kw)
+
+    monkeypatch.setattr(calibrate.search, "check_gradients", check)
+    kw = {**TINY, "search": {**TINY["search"], "air_crowd_exp": None}}
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, check_envs=1, **kw)
+    assert seen and set(seen) == {(1, len(GRID))} and cal.setup["check_envs"] == 1
+    seen.clear()
+    cal = calibrate.fit("QA", "relaxed", grid=GRID, **kw)
+    assert seen and set(seen) == {(2, 2 * len(GRID))} and cal.setup["check_envs"] == 2
+
+
 def test_fit_sets_aside_a_floor_whose_gradients_explode(monkeypatch):
     """The refined floor with the lowest loss fails the gradient check: the fit refines the next floor
     of the grid's ranking and takes it, recording the rejected floor; with every floor failing, it keeps
@@ -396,6 +414,8 @@ def test_apply_warns_once_outside_what_it_was_fitted_for_and_refuses_another_l2_
     (dict(level="L1"), "level: calibrations are fitted to 'L2-legacy'"),
     (dict(cfg=CellConfig(rate_factor=0.5)), "cfg: expected the plain cell"),
     (dict(model_envs=5), r"model_envs: expected an integer in \[1, envs=3\]"),
+    (dict(check_envs=3), r"check_envs: expected None or an integer in \[1, model_envs=2\], got 3"),
+    (dict(check_envs=0), r"check_envs: expected None or an integer in \[1, model_envs=2\], got 0"),
     (dict(search={"sr_slots": {"QA": (0, 99)}}), r"search: latency floors must lie in \[0, num_slots=40\]"),
     (dict(search={"tau": (0.05, 0.0)}), r"search: temperatures \(tau\) must be finite and > 0"),
     (dict(search={"qa_snr_req_db": (15.0, float("nan"))}), r"search: SNR requirements \(qa_snr_req_db\)"),

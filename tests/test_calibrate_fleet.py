@@ -66,6 +66,8 @@ def test_a_size_fitted_with_a_load_spread_runs_its_model_on_at_least_four_cells(
                              load_spread=1.0, **kw)
     plain = calibrate.fit_size("QA", "mean_field", R=8, neighbour=None, grid=grid, search=search, **kw)
     assert (one.setup["model_envs"], plain.setup["model_envs"]) == (4, 1)
+    # the gradient check on the plain rule's cells: the spread's extra cells only average the loss
+    assert (one.setup["check_envs"], plain.setup["check_envs"]) == (1, 1)
     assert one.load_spread == 1.0
     targets = {8: calibrate.measure(calibrate.problem(grid, R=8, envs=4, T=12, warmup=3, seed=0),
                                     level="L2-legacy", seed=0)}
@@ -99,7 +101,11 @@ def test_the_search_narrows_to_the_neighbouring_sizes_choice():
     got = _neighbour_search(search, _cal(8, sr_slots=0, tau=0.2, qa_snr_req_db=15.0), "QA")
     assert got["sr_slots"] == [0, 8] and got["tau"] == [0.1, 0.2, 0.3] and got["refine_top"] == 1
     assert got["qa_snr_req_db"] == [15.0]  # QA's headroom rule: the neighbour's
-    assert got["rate_factor"] == search["rate_factor"]  # cheap through the inputs: kept whole
+    # the capacity factor and offset: the grid's values within one step of the neighbour's (refined,
+    # off-grid) ones, 0.6 -> 0.45, 0.6, 0.8 and -4 dB -> -8, -4, 0 dB; at the grid's end two
+    assert got["rate_factor"] == [0.45, 0.6, 0.8] and got["snr_offset_db"] == [-8.0, -4.0, 0.0]
+    edge = _neighbour_search(search, _cal(8, rate_factor=0.265, snr_offset_db=5.2), "QA")
+    assert edge["rate_factor"] == [0.3, 0.45] and edge["snr_offset_db"] == [0.0, 4.0]
 
 
 def test_at_gives_the_fitted_size_and_interpolates_in_log_R_between():

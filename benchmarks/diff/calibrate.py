@@ -225,6 +225,7 @@ def _summary(params: dict, fits: list, fleet: list, sweep_l2: dict) -> dict:
             "all_gradients_stable": all(r["gradient_check"]["stable"] for r in fleet),
             "floors_rejected": sum(len(r["gradient_check"]["rejected"]) for r in fleet),
             "max_wall_fit_s": max(f["wall_fit_s"] for f in fits), "compiled": bool(params["compile"]),
+            "fit_target_s": params.get("fit_target_s"),
             # the time on air's fit (search.air_crowd_exp): the fits that ran it, and kept its constants
             "air_fits": sum(r["air_fit"] is not None for r in fleet),
             "air_kept": sum(bool(r["air_fit"] and r["air_fit"]["kept"]) for r in fleet),

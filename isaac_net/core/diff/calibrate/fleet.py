@@ -179,16 +179,19 @@ class FleetCalibration:
 
 def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
     """``search`` narrowed to the choices next to ``prev``'s (the neighbouring size's fit): the
-    latency floors and temperatures of the grid within one step of its, its SNR requirement (QA's
-    headroom rule, not a contention effect: the reference size's choice), and the best choice
-    refined; the capacity factor and offset keep their whole grid (cheap: batched through the inputs)."""
+    latency floors, temperatures, capacity factors and SNR offsets of the grid within one step of
+    its, its SNR requirement (QA's headroom rule, not a contention effect: the reference size's
+    choice), and the best choice refined (Nelder-Mead then moves the capacity factor and offset
+    off the grid)."""
     def around(values, chosen):
         values = sorted(float(v) for v in values)
         i = min(range(len(values)), key=lambda k: abs(values[k] - chosen))
         return values[max(0, i - 1): i + 2]
 
     floors = search["sr_slots"][mode] if isinstance(search["sr_slots"], dict) else search["sr_slots"]
-    out = {**search, "sr_slots": [int(v) for v in around(floors, prev.sr_slots)], "refine_top": 1}
+    out = {**search, "sr_slots": [int(v) for v in around(floors, prev.sr_slots)], "refine_top": 1,
+           "rate_factor": around(search["rate_factor"], prev.rate_factor),
+           "snr_offset_db": around(search["snr_offset_db"], prev.snr_offset_db)}
     if search.get("tau") is not None:
         out["tau"] = around(search["tau"], prev.tau)
     if search.get("qa_snr_req_db") is not None and prev.qa_snr_req_db is not None:
@@ -208,8 +211,10 @@ def fit_size(mode: str, sends: str, *, R: int, neighbour: Calibration | None, gr
              progress: bool | Callable[[str], None] = False, **kwargs) -> Calibration:
     """One size's fit of :func:`fit_fleet`: :func:`fit` at ``R`` with the whole ``search`` when
     ``neighbour`` is None (the reference size), else the search narrowed around the neighbouring
-    size's fit (:func:`_neighbour_search`). Its ``setup`` records the fit time (``wall_fit_s``, its
-    targets measured apart: what a user pays for this size) and the size it continued from.
+    size's fit (:func:`_neighbour_search`). The gradient check runs on the cells ``model_robots``
+    alone gives a point (:func:`model_envs_for` without the spread). Its ``setup`` records the fit
+    time (``wall_fit_s``, its targets measured apart: what a user pays for this size) and the size
+    it continued from.
 
     :param grid, heldout: the size's operating points (e.g. :func:`scaled_points`).
     :param targets, heldout_targets: ``{kpi: [n_points]}`` at ``R`` (measured when None).
@@ -223,6 +228,8 @@ def fit_size(mode: str, sends: str, *, R: int, neighbour: Calibration | None, gr
     t0 = time.perf_counter()
     cal = fit(mode, sends, grid=grid, heldout=heldout, R=R, envs=envs,
               model_envs=model_envs_for(R, model_robots, envs, kwargs.get("load_spread", 0.0)),
+              # the gradient check on the plain rule's cells: a spread's extra cells average the loss
+              check_envs=model_envs_for(R, model_robots, envs),
               targets=targets,
               heldout_targets=heldout_targets, search={k: v for k, v in sp.items() if k in SEARCH},
               progress=report, **kwargs)

@@ -37,7 +37,7 @@ from isaac_net.core.diff.calibrate.loss import (
     loss,
     neighbours,
 )
-from isaac_net.core.diff.calibrate.store import Calibration, _check_model, _jsonable
+from isaac_net.core.diff.calibrate.store import Calibration, _check_model, _jsonable, check_load_spread
 from isaac_net.core.diff.calibrate.targets import (
     _check_points,
     _is_integer,
@@ -85,6 +85,7 @@ def fit(
     area_m=(40.0, 140.0),
     envs: int = 16,
     model_envs: int = 4,
+    check_envs: int | None = None,
     T: int = 60,
     warmup: int = 10,
     tau: float = 0.05,
@@ -109,6 +110,9 @@ def fit(
         (the loss is the mean over fleet sizes and points).
     :param envs: cells per point on ``level`` (``envs`` seeds of positions and sends);
         :param model_envs: the first ``model_envs`` of them run through the model.
+    :param check_envs: the first ``check_envs`` of the model's cells per point in the gradient
+        check (None: all ``model_envs``): a backpropagation's stability is the state map's, which
+        cells that only average the loss (a load spread's) do not change, at a fraction of the cost.
     :param targets, heldout_targets: ``level``'s KPIs from :func:`measure` on
         ``problem(grid, R=r, ...)`` / ``problem(heldout, R=r, ...)`` with the same settings, one
         fleet size after the other (:func:`concat_points`; ``[len(R) * n_points]`` per KPI);
@@ -132,16 +136,17 @@ def fit(
         refinement and gradient check; a callable: given each of those lines and one per grid
         choice (a log that shows progress without a bar).
     """
-    cfg, l2_cfg, choices = _checked_choices(mode, sends, level=level, cfg=cfg, l2_cfg=l2_cfg, envs=envs,
-                                            model_envs=model_envs, grid=grid, heldout=heldout, search=search,
-                                            tau=tau, slope_weight=slope_weight, compile=compile,
-                                            load_spread=load_spread)
+    cfg, l2_cfg, choices = _checked_choices(
+        mode, sends, level=level, cfg=cfg, l2_cfg=l2_cfg, envs=envs, model_envs=model_envs,
+        check_envs=check_envs, grid=grid, heldout=heldout, search=search, tau=tau, slope_weight=slope_weight,
+        compile=compile, load_spread=load_spread)
     sizes = fleet_sizes(R)
     cells = _fit_targets(grid, heldout, sizes, dict(area_m=area_m, envs=envs, T=T, warmup=warmup),
                          seed=seed, level=level, cfg=cfg, l2_cfg=l2_cfg, targets=targets,
                          heldout_targets=heldout_targets)
     obj = _Objective(mode, sends, cfg, lam, float(slope_weight), [t.first(model_envs) for t in cells.train],
-                     cells.targets, neighbours(grid, len(sizes)), compile, float(load_spread))
+                     cells.targets, neighbours(grid, len(sizes)), compile, float(load_spread),
+                     model_envs if check_envs is None else check_envs)
     report = _Progress(progress, f"calibrate {mode_spec(mode).label} {sends}")
     coarse = _coarse_grid(obj, choices, report)
     best, checks, refined, tried = _choose_usable(obj, coarse, choices.search, sizes, report)
@@ -167,7 +172,8 @@ def fit(
                       f"{list(choices.taus)}{with_reqs} passes the gradient check; the calibration is "
                       "flagged (gradient_check.stable is False)", stacklevel=2)
     setup = {"level": level, "T": T, "warmup": warmup, "tau": tau, "lam": lam, "envs": envs,
-             "model_envs": model_envs, "seed": seed, "compile": compile, "air_fit": air_fit}
+             "model_envs": model_envs, "check_envs": obj.check_envs, "seed": seed, "compile": compile,
+             "air_fit": air_fit}
     return _calibration(obj, cells, best, checks, choices, setup, evaluations=len(coarse) + len(tried),
                         sizes=sizes, area_m=area_m, l2_cfg=l2_cfg, model_envs=model_envs, heldout=heldout,
                         provenance=provenance)
@@ -184,16 +190,12 @@ class _Choices:
     reqs: tuple
 
 
-def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: int, model_envs: int, grid,
-                     heldout, search, tau: float, slope_weight, compile, load_spread) -> tuple:
+def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: int, model_envs: int,
+                     check_envs, grid, heldout, search, tau: float, slope_weight, compile,
+                     load_spread) -> tuple:
     """The arguments of :func:`fit` checked once: ``(cfg, l2_cfg, _Choices)`` with the defaults filled."""
     _check_model(mode, sends)
-    if isinstance(load_spread, bool) or not isinstance(load_spread, (int, float)) or not (
-            math.isfinite(load_spread) and load_spread >= 0):
-        raise ValueError(f"load_spread: expected a finite number >= 0, got {load_spread!r}")
-    if load_spread > 0 and sends != "mean_field":
-        raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for sends={sends!r}, "
-                         f"got {load_spread!r}")
+    check_load_spread(load_spread, sends)  # before the fit's minutes, not after
     if level != "L2-legacy":
         raise ValueError(f"level: calibrations are fitted to 'L2-legacy', got {level!r}")
     cfg = CellConfig() if cfg is None else cfg
@@ -202,6 +204,9 @@ def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: in
     l2_cfg = L2LegacyConfig() if l2_cfg is None else l2_cfg
     if not (isinstance(model_envs, int) and 1 <= model_envs <= envs):
         raise ValueError(f"model_envs: expected an integer in [1, envs={envs}], got {model_envs!r}")
+    if check_envs is not None and not (_is_integer(check_envs) and 1 <= check_envs <= model_envs):
+        raise ValueError(f"check_envs: expected None or an integer in [1, model_envs={model_envs}], "
+                         f"got {check_envs!r}")
     _check_points(grid, "grid", allow_empty=False)
     _check_points(heldout, "heldout", allow_empty=True)
     sp = _check_search(search, mode)
@@ -287,6 +292,7 @@ class _Objective:
     pairs: torch.Tensor  # [n_pairs, 2] neighbouring training points (the slope term)
     compile: bool  # the model's compiled step
     load_spread: float = 0.0  # the calibrated model's (CellConfig.load_spread), not searched
+    check_envs: int = 1  # the first cells per point of each part the gradient check runs on
 
     def kpis(self, parts: list, c: CellConfig, t: float, candidates=None) -> dict:
         """The model's KPIs on every fleet size's problem in ``parts``, as one set of points."""
@@ -393,8 +399,8 @@ def _refine(obj: _Objective, start: _Fitted, evals: int, tried: list, report: _P
 def _check(obj: _Objective, cand: _Fitted, sp: dict, sizes: tuple, report: _Progress) -> dict:
     """:func:`~.evaluate.check_gradients` of ``cand``'s constants at every fleet size: the worst."""
     c = _worst_check([
-        {**check_gradients(obj.mode, obj.sends, part, obj.cell(cand), tau=cand.tau, lam=obj.lam,
-                           h=sp["gradient_h"], max_error=sp["gradient_max_error"]), "R": r}
+        {**check_gradients(obj.mode, obj.sends, part.first(obj.check_envs), obj.cell(cand), tau=cand.tau,
+                           lam=obj.lam, h=sp["gradient_h"], max_error=sp["gradient_max_error"]), "R": r}
         for r, part in zip(sizes, obj.parts, strict=True)])
     report.line(f"floor {cand.sr_slots} slots, tau {cand.tau:g}{_req_text(cand.qa_snr_req_db)}, "
                 f"gradient check {'passed' if c['stable'] else 'FAILED'} "

@@ -31,6 +31,18 @@ CALIBRATED_SENDS = ("mean_field", "relaxed")
 _WARNED: set = set()
 
 
+def check_load_spread(spread, sends: str) -> None:
+    """Refuse a load spread (``CellConfig.load_spread``'s scale) that is not a finite number >= 0, or
+    one > 0 for sends other than mean-field (a relaxed rollout would ignore it): a ValueError naming
+    ``load_spread``."""
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
+            math.isfinite(spread) and spread >= 0):
+        raise ValueError(f"load_spread: expected a finite number >= 0, got {spread!r}")
+    if spread > 0 and sends != "mean_field":
+        raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for "
+                         f"sends={sends!r}, got {spread!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """Effective constants of one model (``mode``, ``sends``) fitted to L2-legacy, and what they
@@ -100,13 +112,7 @@ class Calibration:
             modes = " or ".join(map(repr, with_rule))
             raise ValueError(f"qa_snr_req_db: expected None or, for mode {modes}, a finite number of dB; "
                              f"got {req!r}")
-        spread = self.load_spread
-        if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
-                math.isfinite(spread) and spread >= 0):
-            raise ValueError(f"load_spread: expected a finite number >= 0, got {spread!r}")
-        if spread > 0 and self.sends != "mean_field":  # a relaxed rollout would ignore it
-            raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for "
-                             f"sends={self.sends!r}, got {spread!r}")
+        check_load_spread(self.load_spread, self.sends)
 
     @property
     def constants(self) -> dict:
