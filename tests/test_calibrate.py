@@ -474,8 +474,9 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
     assert calibrate.Calibration.from_dict(older).load_spread == 0.0  # an entry fitted without it
     with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends"):
         calibrate.fit("QA", "relaxed", grid=GRID, load_spread=1.0, **kw)
-    with pytest.raises(ValueError, match="load_spread: expected a finite number >= 0"):
-        calibrate.fit("QA", "mean_field", grid=GRID, load_spread=-1.0, **kw)
+    for bad in (-1.0, 4.5):  # the cell's range, [0, 4], refused before the fit's minutes
+        with pytest.raises(ValueError, match=r"load_spread: expected a finite number in \[0, 4\], got "):
+            calibrate.fit("QA", "mean_field", grid=GRID, load_spread=bad, **kw)
     relaxed = {**spread.to_dict(), "sends": "relaxed"}
     with pytest.raises(ValueError, match="calibration field 'load_spread': expected 0 for sends"):
         calibrate.Calibration.from_dict(relaxed, "cal.json")
@@ -483,7 +484,8 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
     with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends; expected 0 for "
                                          "sends='relaxed'"):
         dataclasses.replace(spread, sends="relaxed")
-    for bad in (-1.0, float("nan"), True, "1"):
-        with pytest.raises(ValueError, match="load_spread: expected a finite number >= 0"):
+    for bad in (-1.0, 4.5, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match=r"load_spread: expected a finite number in \[0, 4\]"):
             dataclasses.replace(spread, load_spread=bad)
+    assert dataclasses.replace(spread, load_spread=4.0).apply().load_spread == 4.0  # the range's top
     assert dataclasses.replace(spread, sends="relaxed", load_spread=0.0).load_spread == 0.0

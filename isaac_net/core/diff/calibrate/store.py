@@ -13,7 +13,7 @@ import math
 import warnings
 from pathlib import Path
 
-from isaac_net.core.config import CALIBRATED_FIELDS, CellConfig
+from isaac_net.core.config import CALIBRATED_FIELDS, PHYSICAL_RANGES, CellConfig
 from isaac_net.core.diff.calibrate.targets import (
     _check_points,
     _is_integer,
@@ -32,12 +32,14 @@ _WARNED: set = set()
 
 
 def check_load_spread(spread, sends: str) -> None:
-    """Refuse a load spread (``CellConfig.load_spread``'s scale) that is not a finite number >= 0, or
-    one > 0 for sends other than mean-field (a relaxed rollout would ignore it): a ValueError naming
+    """Refuse a load spread (``CellConfig.load_spread``'s scale) outside the cell's range for it
+    (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later), or one > 0 for
+    sends other than mean-field (a relaxed rollout would ignore it): a ValueError naming
     ``load_spread``."""
+    lo, hi, _ = PHYSICAL_RANGES["load_spread"]
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
-            math.isfinite(spread) and spread >= 0):
-        raise ValueError(f"load_spread: expected a finite number >= 0, got {spread!r}")
+            math.isfinite(spread) and lo <= spread <= hi):
+        raise ValueError(f"load_spread: expected a finite number in [{lo:g}, {hi:g}], got {spread!r}")
     if spread > 0 and sends != "mean_field":
         raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for "
                          f"sends={sends!r}, got {spread!r}")
