@@ -489,3 +489,35 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
             dataclasses.replace(spread, load_spread=bad)
     assert dataclasses.replace(spread, load_spread=4.0).apply().load_spread == 4.0  # the range's top
     assert dataclasses.replace(spread, sends="relaxed", load_spread=0.0).load_spread == 0.0
+
+
+def test_a_qad_mean_field_fit_records_its_backlog_closure_and_the_model_runs_with_it():
+    """``fit(mf_backlog_closure=)``: QAD mean-field's calibrated model serves a robot as whole messages
+    (the record's constant, which ``apply`` puts in the cell and a file keeps), the plain model's loss
+    without it; refused for relaxed sends and for L1D, before the fit and in a record or a file."""
+    search = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
+              "refine_top": 1, "refine_evals": 1, "air_crowd_exp": None}
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05,
+                                                       lam=0.1).items()}
+    kw = {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
+    plain, closed = (calibrate.fit("QA", "mean_field", grid=GRID, mf_backlog_closure=c, **kw)
+                     for c in (False, True))
+    assert (plain.mf_backlog_closure, closed.mf_backlog_closure) == (False, True)
+    assert closed.constants["mf_backlog_closure"] is True and closed.apply().mf_backlog_closure is True
+    assert closed.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: QAD's own
+    assert closed.train_loss != pytest.approx(plain.train_loss, rel=1e-6)
+    back = calibrate.Calibration.from_dict(closed.to_dict())
+    assert back.mf_backlog_closure is True and back.model(2, 4).cfg.mf_backlog_closure is True
+    older = {k: v for k, v in closed.to_dict().items() if k != "mf_backlog_closure"}
+    assert calibrate.Calibration.from_dict(older).mf_backlog_closure is False  # an entry fitted without it
+    for mode, sends in (("QA", "relaxed"), ("L1", "mean_field")):
+        with pytest.raises(ValueError, match=f"mf_backlog_closure: QAD's with mean-field sends; expected "
+                                             f"False for mode '{mode}' and sends '{sends}'"):
+            calibrate.fit(mode, sends, grid=GRID, mf_backlog_closure=True, **kw)
+    with pytest.raises(ValueError, match="field 'mf_backlog_closure': expected a bool, True only for QA"):
+        calibrate.Calibration.from_dict({**closed.to_dict(), "sends": "relaxed"}, "cal.json")
+    with pytest.raises(ValueError, match="mf_backlog_closure: expected a bool, got 1"):
+        dataclasses.replace(closed, mf_backlog_closure=1)
+    with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
+        make_engine("L2-legacy", 2, 4, cfg=CellConfig(mf_backlog_closure=True))

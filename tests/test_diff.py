@@ -1283,3 +1283,87 @@ def test_diff_fluid_on_cuda_in_float32_matches_cpu(mode, compiled, device="cuda"
         out[dev] = [t.cpu() for t in got]  # kpi_mix, throughput and their gradients
     for i, (rtol, atol) in enumerate(((1e-4, 1e-5), (1e-4, 1e-2), (1e-3, 1e-5), (1e-3, 1e-2))):
         torch.testing.assert_close(out[device][i], out["cpu"][i], rtol=rtol, atol=atol)
+
+
+def test_the_backlog_closure_serves_a_mean_field_robot_as_whole_messages():
+    """``CellConfig.mf_backlog_closure``: a lone mean-field robot sending p = 0.3 of a 12 kB message is
+    backlogged with the chance b = 1 - exp(-0.3) of a Poisson count and then holds 0.3 / b = 1.157
+    messages, so the message it delivers in the first step finishes when 1.157 whole messages sent by
+    a binary robot would (the same rate: one robot in the cell either way); without the closure the
+    fractional message finishes in well under half a whole message's time."""
+    cfg = CellConfig(qa_sr_slots=0)
+    on = dataclasses.replace(cfg, mf_backlog_closure=True)
+    B = torch.full((1, 1), 12_000.0, dtype=F64)
+    snr = torch.full((1, 1), 20.0, dtype=F64)
+
+    def first_step(c, send):
+        net = DiffFluid(1, 1, mode="QA", tau=0.002, cfg=c, dtype=F64)
+        out = net.step(torch.full((1, 1), send, dtype=F64), B, snr_db=snr)
+        return float(out["delivered"]), float(out["delay_sum"])
+
+    whole_delivered, whole_delay = first_step(cfg, 1.0)
+    assert whole_delivered == pytest.approx(1.0, abs=1e-6) and 0.05 < whole_delay < 0.95
+    delivered, delay_sum = first_step(on, 0.3)
+    assert delivered == pytest.approx(0.3, rel=1e-6)
+    held = 0.3 / (1.0 - math.exp(-0.3))  # messages held while backlogged
+    assert delay_sum / delivered == pytest.approx(held * whole_delay, rel=1e-3)
+    plain_delivered, plain_delay = first_step(cfg, 0.3)
+    # without it the fractional message finishes early: 0.3 of a whole message's bytes, at a rate a
+    # little lower (the PF gain of 0.3 robots backlogged), 0.40 of the whole message's time here
+    assert plain_delivered == pytest.approx(0.3, rel=1e-6)
+    assert 0.3 * whole_delay < plain_delay / plain_delivered < 0.5 * whole_delay
+
+
+def test_the_backlog_closure_counts_the_robots_a_backlogged_robot_shares_with():
+    """The closure's busy chance and count (``model._backlog_closure``): 1 - exp(-m) per robot, and
+    for each robot 1 plus the others' chances (a robot with nothing queued counts ~0 for the others)."""
+    from isaac_net.core.diff.model import _backlog_closure
+
+    w = torch.tensor([[[0.3, 0.0], [1.0, 0.5], [0.0, 0.0]]], dtype=F64)  # [E=1, R=3, A=2]
+    busy, n = _backlog_closure(w)
+    expect = [1.0 - math.exp(-0.3), 1.0 - math.exp(-1.5), 1e-6]
+    torch.testing.assert_close(busy, torch.tensor([expect], dtype=F64), rtol=1e-12, atol=0.0)
+    others = [expect[1] + expect[2], expect[0] + expect[2], expect[0] + expect[1]]
+    torch.testing.assert_close(n, 1.0 + torch.tensor([others], dtype=F64), rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_backlog_closure_conserves_mass_and_runs_off_the_fused_node(seed):
+    """With the closure QAD runs through autograd of ``_step`` (the fused node has no closure): mass
+    conserved and delivery in [0, 1] on random scenarios, gradients equal to central differences in
+    float64, other KPIs than without it; at tau = 0 (the hard path) the closure is off, so the
+    discrete equivalence is untouched; and sampled sends with it are refused."""
+    s = random_scenario(seed)
+    on = dataclasses.replace(s.cfg, mf_backlog_closure=True)
+    E, R = s.p.shape
+    net = DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64)
+    assert not net.fused_rollout
+    p = s.p.to(F64).clone().requires_grad_()
+    k = rollout(net, s.T, p, s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
+    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
+    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
+    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
+    g, = torch.autograd.grad(kpi_mix(k), p)
+    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    h = 1e-6
+
+    def at(x):
+        return float(kpi_mix(rollout(DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64), s.T, x,
+                                     s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)))
+
+    fd = (at(s.p.to(F64) + h * d) - at(s.p.to(F64) - h * d)) / (2 * h)
+    assert float((g * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
+    plain = rollout(DiffFluid(E, R, mode="QA", tau=0.1, cfg=s.cfg, dtype=F64), s.T, s.p.to(F64),
+                    s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
+    assert abs(float(kpi_mix(plain)) - float(kpi_mix(k))) > 1e-6
+    hard = [rollout(DiffFluid(E, R, mode="QA", tau=0.0, cfg=c, dtype=F64), s.T, s.p.to(F64), s.B.to(F64),
+                    snr_db=s.snr_db.to(F64), warmup=2) for c in (on, s.cfg)]
+    assert float(kpi_mix(hard[0])) == float(kpi_mix(hard[1]))
+    with pytest.raises(ValueError, match="sends: the cell's mf_backlog_closure is mean-field sends'"):
+        rollout(DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64), s.T, s.p, s.B, snr_db=s.snr_db,
+                sends="relaxed", u=s.u)
+
+
+def test_the_backlog_closure_must_be_a_bool():
+    with pytest.raises(ValueError, match="CellConfig.mf_backlog_closure must be a bool, got 1"):
+        CellConfig(mf_backlog_closure=1)

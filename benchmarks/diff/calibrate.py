@@ -147,6 +147,7 @@ def fit_size(stage, params: dict, out: dict, part: str) -> None:
         heldout_targets=_kpis(out["heldout"], (R,))[R], progress=_log,  # a line per choice and check
         # relaxed sends spread by their own draws
         load_spread=float(params["load_spread"][mode]) if sends == "mean_field" else 0.0,
+        mf_backlog_closure=bool(params["mf_backlog_closure"]) and mode == "QA" and sends == "mean_field",
         provenance={"stage": stage.name, "profile": stage.profile}, **_fit_kwargs(params))
     # A calibration file of its own: a study at this size needs this fit, not the model's others.
     stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,

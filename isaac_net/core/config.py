@@ -38,6 +38,10 @@ class CellConfig:
     # Mean-field sends (DiffFluid's rollout only): the cell's offered load spread per step as binary
     # sends' binomial spread times load_spread (relax.spread_sends; docs/design.md, "Calibration").
     load_spread: float = 0.0  # scale of the mean-field sends' load spread (0: p at every step)
+    # Mean-field sends (QAD): a robot holding an expected m messages is backlogged with the chance
+    # 1 - exp(-m) of a Poisson count and then holds whole messages (model._backlog_closure;
+    # docs/design.md, "Calibration", probe (22)). Off: QAD's own backlog weight smin(m, 1).
+    mf_backlog_closure: bool = False
 
     def __post_init__(self) -> None:
         positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor", "air_factor")
@@ -55,6 +59,8 @@ class CellConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= self.num_slots):
                 raise ValueError(f"CellConfig.{name} must be an integer in [0, num_slots], got {value!r}")
+        if not isinstance(self.mf_backlog_closure, bool):
+            raise ValueError(f"CellConfig.mf_backlog_closure must be a bool, got {self.mf_backlog_closure!r}")
         for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp",
                      "load_spread"):
             value = getattr(self, name)
@@ -103,7 +109,7 @@ class CellConfig:
 #: The constants that exist only for calibration: at their defaults they are the plain fluid
 #: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
 CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp",
-                    "load_spread")
+                    "load_spread", "mf_backlog_closure")
 #: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
 #: the plain model has physical values of and a calibration refits (so a cell that differs in
 #: them alone is not calibrated).

@@ -26,6 +26,7 @@ rule calibrate_targets:
                 "model_robots",
                 "slope_weight",
                 "load_spread",
+                "mf_backlog_closure",
                 "compile",
             ],
         ),

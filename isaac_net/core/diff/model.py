@@ -136,6 +136,20 @@ def _n_busy(w, tau):
     return relax.soft_busy(w.sum(-1), tau).sum(-1, keepdim=True)
 
 
+#: The least chance of being backlogged the closure serves with: a robot with nothing queued is
+#: served nothing either way, and its served bytes stay away from exact 0 (log in fifo_serve).
+_MIN_BUSY = 1e-6
+
+
+def _backlog_closure(w):
+    """Mean-field sends' backlog (``CellConfig.mf_backlog_closure``) from the queue's mass ``w``
+    ``[E, R, A]``: ``(busy, n)``, each ``[E, R]``. A robot holding an expected ``m`` messages is
+    backlogged with the chance ``busy = 1 - exp(-m)`` of a Poisson count, and a backlogged robot shares
+    the band with itself and the others' chances, ``n = 1 + sum_{k != j} busy_k``."""
+    busy = torch.clamp(-torch.expm1(-w.sum(-1)), min=_MIN_BUSY)
+    return busy, busy.sum(-1, keepdim=True) - busy + 1.0
+
+
 def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None, n_busy=None):
     """The transmit time of L1D and QAD ``[E, R]``, s: the bytes the robot sent in the step (``x - rest``
     ``[E, R, A]``, summed) at the rate of the whole band, ``S smin(log2(1 + snr / S), se_max)``
@@ -250,7 +264,11 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     :output: as ``_service_l1``.
     """
     cum = _fifo_cum(x)
-    n = _n_busy(w, tau)
+    closure = cfg.mf_backlog_closure and not relax.is_hard(tau)
+    if closure:
+        busy, n = _backlog_closure(w)
+    else:
+        n = _n_busy(w, tau)
     share = cfg.num_subbands / relax.smax(n, 1.0, tau)
     if relax.is_hard(tau):
         alloc = torch.minimum(share, headroom)
@@ -264,7 +282,9 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     rate = torch.where(rate > 0, rate, 1.0)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
-    served = rate * avail_s
+    # With the closure a robot is served min(cum, busy * rate * avail_s) in expectation: it holds
+    # cum / busy bytes while backlogged, so its messages finish at cum / (busy * rate) into the interval.
+    served = rate * avail_s * busy if closure else rate * avail_s
     c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
     # The prefix up to a message takes the part frac of the interval: smin(cum, served) / rate.
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
@@ -327,7 +347,7 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
         raise ValueError(f"inputs: built at (tau, tau_n) = {inputs.temps}, the step runs at {(tau, tau_n)}")
     tensors = StepArgs(x=state.x, w=state.w, aoi=state.aoi, send=send, msg_bytes=inputs.msg_bytes,
                        snr_lin=inputs.snr_lin, tx_w=inputs.tx_w, keep=inputs.keep, headroom=inputs.headroom)
-    if _runs_fused(mode, compiled, tau, tau_n, slot_grad, state.x.device):
+    if _runs_fused(mode, compiled, tau, tau_n, slot_grad, state.x.device, cfg):
         out = MODES[mode].fused_step(*tensors, tau, tau_n, cfg, compiled=compiled)
     elif compiled and tau > 0 and tau_n > 0:
         out = _run_compiled(mode, slot_grad, tensors, tau, tau_n, cfg)
@@ -342,12 +362,13 @@ def fluid_step(state: FluidState, send, inputs: StepInputs, *, cfg: CellConfig, 
 
 
 def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slot_grad: str,
-                device: torch.device) -> bool:
+                device: torch.device, cfg: CellConfig) -> bool:
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
     soft only: not at tau = 0 (the hard operations), not ``slot_grad="autograd"`` (autograd through
-    ``_step``), and not compiled unless on the CPU (where the node's forward runs as a compiled kernel)."""
+    ``_step``), not compiled unless on the CPU (where the node's forward runs as a compiled kernel), and
+    not with mean-field sends' backlog closure (``cfg.mf_backlog_closure``: autograd through ``_step``)."""
     return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slot_grad != "autograd"
-            and (not compiled or device.type == "cpu"))
+            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure)
 
 
 _COMPILED_STEPS: dict = {}
@@ -635,7 +656,8 @@ class DiffFluid:
         """Whether :func:`rollout` runs as one node (:meth:`advance_rollout`): QAD at tau > 0, eager,
         and on the CPU with ``compile=True`` too, where the node's forward runs as a compiled kernel
         (``_qa_step.FORWARD_KERNELS``, as a step loop's) and its hand-written backward stays eager."""
-        return _runs_fused(self.mode, self.compile, self.tau, self.tau_n, self.slot_grad, self.device)
+        return _runs_fused(self.mode, self.compile, self.tau, self.tau_n, self.slot_grad, self.device,
+                           self.cfg)
 
     def advance_rollout(self, send, inputs: StepInputs, T: int, warmup: int) -> tuple:
         """``T`` steps of QAD with the inputs ``inputs`` as one node (``_qa_step.QARollout``).

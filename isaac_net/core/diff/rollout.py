@@ -66,6 +66,9 @@ def rollout(net: DiffFluid, T: int, p, B, *, pos=None, tx_dbm=None, snr_db=None,
     p = _validate.per_robot(p, "p", E, R, dt, dev)
     _validate.check_range(p, "p", 0.0, 1.0, "probabilities in [0, 1]")
     lam = 0.1 if lam is None else _validate.temperature(lam, "lam")
+    if sends != "mean_field" and net.cfg.mf_backlog_closure:
+        raise ValueError(f"sends: the cell's mf_backlog_closure is mean-field sends' (a sampled robot holds "
+                         f"whole messages already); expected sends='mean_field', got {sends!r}")
     if sends != "mean_field":
         u = send_uniforms(u, T, E, R, dt, dev, generator)
     elif u is not None:

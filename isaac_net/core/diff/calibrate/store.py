@@ -31,6 +31,17 @@ CALIBRATED_SENDS = ("mean_field", "relaxed")
 _WARNED: set = set()
 
 
+def check_backlog_closure(closure, mode: str, sends: str) -> None:
+    """Refuse a backlog closure (``CellConfig.mf_backlog_closure``) that is not a bool, or True for
+    another model than QAD with mean-field sends (it lives in QAD's service, and a sampled robot holds
+    whole messages already): a ValueError naming ``mf_backlog_closure``."""
+    if not isinstance(closure, bool):
+        raise ValueError(f"mf_backlog_closure: expected a bool, got {closure!r}")
+    if closure and (mode != "QA" or sends != "mean_field"):
+        raise ValueError(f"mf_backlog_closure: QAD's with mean-field sends; expected False for mode {mode!r} "
+                         f"and sends {sends!r}")
+
+
 def check_load_spread(spread, sends: str) -> None:
     """Refuse a load spread (``CellConfig.load_spread``'s scale) outside the cell's range for it
     (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later), or one > 0 for
@@ -75,6 +86,8 @@ class Calibration:
         backlogged (``CellConfig``'s; 1 and 0, the plain rule, in an entry fitted without them).
     :field load_spread: the scale of mean-field sends' load spread (``CellConfig``'s; 0, none, for
         relaxed sends and in an entry fitted without it).
+    :field mf_backlog_closure: QAD mean-field's backlog closure (``CellConfig``'s; False in an entry
+        fitted without it).
     """
 
     mode: str
@@ -100,6 +113,7 @@ class Calibration:
     air_factor: float = 1.0
     air_crowd_exp: float = 0.0
     load_spread: float = 0.0
+    mf_backlog_closure: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "R", fleet_sizes(self.R))
@@ -115,6 +129,7 @@ class Calibration:
             raise ValueError(f"qa_snr_req_db: expected None or, for mode {modes}, a finite number of dB; "
                              f"got {req!r}")
         check_load_spread(self.load_spread, self.sends)
+        check_backlog_closure(self.mf_backlog_closure, self.mode, self.sends)
 
     @property
     def constants(self) -> dict:
@@ -129,6 +144,7 @@ class Calibration:
             out[spec.snr_req_field] = self.qa_snr_req_db
         out["air_factor"], out["air_crowd_exp"] = self.air_factor, self.air_crowd_exp
         out["load_spread"] = self.load_spread
+        out["mf_backlog_closure"] = self.mf_backlog_closure
         return out
 
     def apply(
@@ -212,7 +228,7 @@ class Calibration:
             raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
         optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp",
-                    "load_spread")
+                    "load_spread", "mf_backlog_closure")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
@@ -319,6 +335,12 @@ def _check_fields(kw: dict, source: str) -> None:
         if kw["load_spread"] > 0 and kw["sends"] != "mean_field":
             raise _field_error(source, "load_spread", "0 for sends other than mean_field (a load spread of "
                                "mean-field sends)", kw["load_spread"])
+    if "mf_backlog_closure" in kw:  # absent in an entry fitted without it
+        try:
+            check_backlog_closure(kw["mf_backlog_closure"], kw["mode"], kw["sends"])
+        except ValueError as e:
+            raise _field_error(source, "mf_backlog_closure", "a bool, True only for QA with mean_field sends",
+                               kw["mf_backlog_closure"]) from e
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
