@@ -478,8 +478,13 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
         with pytest.raises(ValueError, match=r"load_spread: expected a finite number in \[0, 4\], got "):
             calibrate.fit("QA", "mean_field", grid=GRID, load_spread=bad, **kw)
     relaxed = {**spread.to_dict(), "sends": "relaxed"}
-    with pytest.raises(ValueError, match="calibration field 'load_spread': expected 0 for sends"):
+    with pytest.raises(ValueError, match="cal.json: calibration field 'load_spread': a load spread of "
+                                         "mean-field sends; expected 0 for sends"):
         calibrate.Calibration.from_dict(relaxed, "cal.json")
+    # a file's entry is held to the cell's range by the same check, naming the file and the field
+    with pytest.raises(ValueError, match=r"cal.json: calibration field 'load_spread': expected a finite "
+                                         r"number in \[0, 4\], got 4.5"):
+        calibrate.Calibration.from_dict({**spread.to_dict(), "load_spread": 4.5}, "cal.json")
     # Built directly (not from a file or a fit), the record refuses it too: a relaxed rollout ignores it.
     with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends; expected 0 for "
                                          "sends='relaxed'"):

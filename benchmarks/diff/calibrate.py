@@ -200,6 +200,7 @@ def _row(c: dict) -> dict:
             "tau": cal.tau, "qa_snr_req_db": cal.qa_snr_req_db,
             "air_factor": cal.air_factor, "air_crowd_exp": cal.air_crowd_exp,
             "air_fit": c["setup"].get("air_fit"), "load_spread": cal.load_spread,
+            "mf_backlog_closure": cal.mf_backlog_closure,
             "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
             "model_envs": c["setup"]["model_envs"],
             "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],

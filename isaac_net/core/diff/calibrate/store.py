@@ -331,10 +331,11 @@ def _check_fields(kw: dict, source: str) -> None:
     if "air_crowd_exp" in kw:
         number("air_crowd_exp")
     if "load_spread" in kw:  # absent in an entry fitted without it
-        number("load_spread", lo=0.0)
-        if kw["load_spread"] > 0 and kw["sends"] != "mean_field":
-            raise _field_error(source, "load_spread", "0 for sends other than mean_field (a load spread of "
-                               "mean-field sends)", kw["load_spread"])
+        try:
+            check_load_spread(kw["load_spread"], kw["sends"])
+        except ValueError as err:  # its words, after the file's name and the field's
+            words = str(err).partition(": ")[2]
+            raise ValueError(f"{source}: calibration field 'load_spread': {words}") from None
     if "mf_backlog_closure" in kw:  # absent in an entry fitted without it
         try:
             check_backlog_closure(kw["mf_backlog_closure"], kw["mode"], kw["sends"])
