@@ -100,7 +100,11 @@ def test_the_search_narrows_to_the_neighbouring_sizes_choice():
     search = {**calibrate.SEARCH, "tau": [0.05, 0.1, 0.2, 0.3, 0.4], "qa_snr_req_db": [15.0, 10.0, 5.0, 0.0]}
     got = _neighbour_search(search, _cal(8, sr_slots=0, tau=0.2, qa_snr_req_db=15.0), "QA")
     assert got["sr_slots"] == [0, 8] and got["tau"] == [0.1, 0.2, 0.3] and got["refine_top"] == 1
-    assert got["qa_snr_req_db"] == [15.0]  # QA's headroom rule: the neighbour's
+    assert got["qa_snr_req_db"] == [10.0, 15.0]  # the grid's end: itself and the next
+    mid = _neighbour_search(search, _cal(8, qa_snr_req_db=5.0), "QA")
+    assert mid["qa_snr_req_db"] == [0.0, 5.0, 10.0]  # within one step, as the floors
+    assert _neighbour_search(search, _cal(8, qa_snr_req_db=None), "L1").get("qa_snr_req_db") == \
+        search["qa_snr_req_db"]  # L1D has none: the grid passes through; its fit ignores it
     # the capacity factor and offset: the grid's values within one step of the neighbour's (refined,
     # off-grid) ones, 0.6 -> 0.45, 0.6, 0.8 and -4 dB -> -8, -4, 0 dB; at the grid's end two
     assert got["rate_factor"] == [0.45, 0.6, 0.8] and got["snr_offset_db"] == [-8.0, -4.0, 0.0]

@@ -179,10 +179,9 @@ class FleetCalibration:
 
 def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
     """``search`` narrowed to the choices next to ``prev``'s (the neighbouring size's fit): the
-    latency floors, temperatures, capacity factors and SNR offsets of the grid within one step of
-    its, its SNR requirement (QA's headroom rule, not a contention effect: the reference size's
-    choice), and the best choice refined (Nelder-Mead then moves the capacity factor and offset
-    off the grid)."""
+    latency floors, temperatures, capacity factors, SNR offsets and QAD's SNR requirements of the
+    grid within one step of its, and the best choice refined (Nelder-Mead then moves the capacity
+    factor and offset off the grid)."""
     def around(values, chosen):
         values = sorted(float(v) for v in values)
         i = min(range(len(values)), key=lambda k: abs(values[k] - chosen))
@@ -195,7 +194,7 @@ def _neighbour_search(search: dict, prev: Calibration, mode: str) -> dict:
     if search.get("tau") is not None:
         out["tau"] = around(search["tau"], prev.tau)
     if search.get("qa_snr_req_db") is not None and prev.qa_snr_req_db is not None:
-        out["qa_snr_req_db"] = [float(prev.qa_snr_req_db)]
+        out["qa_snr_req_db"] = around(search["qa_snr_req_db"], prev.qa_snr_req_db)
     return out
 
 
