@@ -1,0 +1,52 @@
+"""Probe (25): QAD with a service between the static share (QA's rule: a robot's share of the band
+held for the step) and probe (19)'s time re-shared one (a drained robot's time goes to the others):
+the completions, finish times, bytes served and time on air blended, (1 - alpha) static + alpha
+re-shared (each conserves mass, so the blend does). Refitted by the stage's continuation (R = 8 whole
+search). argv: alpha, sends, sizes (comma)."""
+import sys, time
+sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/p25")
+import torch, yaml, dataclasses
+torch.set_num_threads(1)
+from isaac_net.core.diff import model, relax
+import qad_wc  # patches model.MODES["QA"]; keep its service, then install the blend
+import calibrate as C
+from isaac_net.core.diff import calibrate
+
+ALPHA, sends, sizes = float(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")]
+_wc = qad_wc.service
+
+
+def mixed(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
+    static = model._service_qa(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
+    if relax.is_hard(tau) or ALPHA == 0.0:
+        return static
+    wc = _wc(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
+    return tuple((1.0 - ALPHA) * a + ALPHA * b for a, b in zip(static, wc, strict=True))
+
+
+model.MODES["QA"] = dataclasses.replace(model.MODES["QA"], service=mixed, fused_step=None)
+params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
+res = "/work/main/benchmarks/diff/results/full"
+kw = {**C._fit_kwargs(params), "compile": False}
+spread = float(params["load_spread"]["QA"]) if sends == "mean_field" else 0.0
+closure = bool(params["mf_backlog_closure"]) and sends == "mean_field"
+committed = calibrate.Calibration.load(f"{res}/calibration.json", mode="QA", sends=sends)
+ref = int(params["ref_R"])
+fitted = {}
+for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref):
+    t0 = time.perf_counter()
+    cal = calibrate.fit_size("QA", sends, R=R, neighbour=None if nb is None else fitted[nb],
+                             grid=C.point_set(params, R, "train"), heldout=C.point_set(params, R, "heldout"),
+                             level=params["level"], tau=float(params["tau"]), search=params["search"],
+                             targets=C._kpis([f"{res}/calibrate/targets_train_R{R}.json"], (R,))[R],
+                             heldout_targets=C._kpis([f"{res}/calibrate/targets_heldout_R{R}.json"], (R,))[R],
+                             progress=False, load_spread=spread, mf_backlog_closure=closure, **kw)
+    fitted[R] = cal
+    c, o = cal.to_dict(), committed.at(R).to_dict()
+    print(f"mix {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "
+          f"rf {c['rate_factor']:.3f} off {c['snr_offset_db']:.2f} train {c['train_loss']:.4f} "
+          f"held {c['heldout_loss']:.3f} stable {c['gradient_check']['stable']} | committed: floor "
+          f"{o['sr_slots']} tau {o['tau']:.3g} train {o['train_loss']:.4f} held {o['heldout_loss']:.3f} | "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    calibrate.FleetCalibration("QA", sends, tuple(fitted[r] for r in sorted(fitted))).save(
+        f"/tmp/p25/cal_mix{ALPHA}_{sends}.json")
