@@ -93,4 +93,7 @@ def random_scenario(seed: int, calibrated: bool = False) -> Scenario:
         # the time on air's constants drawn last (the draws before them as without)
         cfg = dataclasses.replace(cfg, air_factor=0.3 + 5.0 * float(torch.rand((), generator=g)),
                                   air_crowd_exp=-0.5 + 2.0 * float(torch.rand((), generator=g)))
+        # QA's re-shared time drawn after them: none in about a third of the scenarios
+        reshare = float(torch.rand((), generator=g))
+        cfg = dataclasses.replace(cfg, qa_reshare=0.0 if reshare < 0.3 else reshare)
     return Scenario(cfg, T, p, B, snr, u, deadline).to()

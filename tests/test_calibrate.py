@@ -520,9 +520,41 @@ def test_a_qad_mean_field_fit_records_its_backlog_closure_and_the_model_runs_wit
         with pytest.raises(ValueError, match=f"mf_backlog_closure: QAD's with mean-field sends; expected "
                                              f"False for mode '{mode}' and sends '{sends}'"):
             calibrate.fit(mode, sends, grid=GRID, mf_backlog_closure=True, **kw)
-    with pytest.raises(ValueError, match="field 'mf_backlog_closure': expected a bool, True only for QA"):
+    words = "QAD's with mean-field sends; expected False for mode 'QA' and sends 'relaxed'"  # the check's
+    with pytest.raises(ValueError, match=f"cal.json: calibration field 'mf_backlog_closure': {words}"):
         calibrate.Calibration.from_dict({**closed.to_dict(), "sends": "relaxed"}, "cal.json")
     with pytest.raises(ValueError, match="mf_backlog_closure: expected a bool, got 1"):
         dataclasses.replace(closed, mf_backlog_closure=1)
     with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
         make_engine("L2-legacy", 2, 4, cfg=CellConfig(mf_backlog_closure=True))
+
+
+def test_a_qad_fit_records_its_reshared_time_and_the_model_runs_with_it():
+    """``fit(qa_reshare=)``: QAD's calibrated model gives the share ``qa_reshare`` of an idle robot's
+    time to the others (the record's constant, which ``apply`` and a file keep; an older entry without
+    it has none), the plain model's loss without it; refused for L1D, out of [0, 1] and with the
+    backlog closure, before the fit and in a file."""
+    search = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
+              "refine_top": 1, "refine_evals": 1, "air_crowd_exp": None}
+    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
+    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05,
+                                                       lam=0.1).items()}
+    kw = {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
+    plain, shared = (calibrate.fit("QA", "relaxed", grid=GRID, qa_reshare=a, **kw) for a in (0.0, 0.5))
+    assert (plain.qa_reshare, shared.qa_reshare) == (0.0, 0.5)
+    assert shared.constants["qa_reshare"] == 0.5 and shared.apply().qa_reshare == 0.5
+    assert shared.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: QAD's own
+    assert shared.train_loss != pytest.approx(plain.train_loss, rel=1e-6)
+    back = calibrate.Calibration.from_dict(shared.to_dict())
+    assert back.qa_reshare == 0.5 and back.model(2, 4).cfg.qa_reshare == 0.5
+    older = {k: v for k, v in shared.to_dict().items() if k != "qa_reshare"}
+    assert calibrate.Calibration.from_dict(older).qa_reshare == 0.0  # an entry fitted without it
+    with pytest.raises(ValueError, match="qa_reshare: a share of QA's interval; expected 0 for mode 'L1'"):
+        calibrate.fit("L1", "relaxed", grid=GRID, qa_reshare=0.5, **kw)
+    with pytest.raises(ValueError, match=r"qa_reshare: expected a finite number in \[0, 1\], got 1.5"):
+        calibrate.fit("QA", "relaxed", grid=GRID, qa_reshare=1.5, **kw)
+    with pytest.raises(ValueError, match="qa_reshare: expected 0 with mf_backlog_closure"):
+        calibrate.fit("QA", "mean_field", grid=GRID, qa_reshare=0.5, mf_backlog_closure=True, **kw)
+    words = "a share of QA's interval; expected 0 for mode 'L1'"  # the check's
+    with pytest.raises(ValueError, match=f"cal.json: calibration field 'qa_reshare': {words}"):
+        calibrate.Calibration.from_dict({**shared.to_dict(), "mode": "L1", "qa_snr_req_db": None}, "cal.json")

@@ -1367,3 +1367,63 @@ def test_the_backlog_closure_conserves_mass_and_runs_off_the_fused_node(seed):
 def test_the_backlog_closure_must_be_a_bool():
     with pytest.raises(ValueError, match="CellConfig.mf_backlog_closure must be a bool, got 1"):
         CellConfig(mf_backlog_closure=1)
+
+
+@pytest.mark.parametrize("a", [0.3, 1.0])
+@pytest.mark.parametrize("case", ["normal", "overload", "calibrated"])
+def test_qa_reshared_time_equals_the_discrete_level_at_tau_zero(case, a):
+    """QAD with ``qa_reshare`` at tau = 0 (``model._level_hard``: the levels from the knots of the
+    sums, no sort) against the QA level's closed form (``qa._level_of``: sorted needs), on the seed's
+    cases; the re-shared time moves the delays (more messages delivered in the overload, where every
+    robot stays backlogged)."""
+    s = seed_scenario(case)
+    s = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, qa_reshare=a))
+    ref, out = both(s, "QA")
+    assert_equivalent(ref, out)
+    static = discrete_rollout("QA", s.T, s.p, s.B, snr_db=s.snr_db, u=s.u, deadline=s.deadline,
+                              cfg=dataclasses.replace(s.cfg, qa_reshare=0.0), dtype=F64)
+    assert (ref["delay_sum"] - static["delay_sum"]).abs().max() > 1e-3  # steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed):
+    """With ``qa_reshare`` QAD runs through autograd of ``_step`` (the fused node has no re-shared
+    time), its levels from Newton steps and one differentiable step at the root (the implicit
+    gradient): mass conserved and delivery in [0, 1] on random scenarios, d kpi_mix / d p equal to
+    central differences in float64, and at a share of 1e-9 the static share's KPIs."""
+    s = random_scenario(seed)
+    on = dataclasses.replace(s.cfg, qa_reshare=0.6)
+    E, R = s.p.shape
+
+    def run(cfg, p, tau=0.1):
+        return rollout(DiffFluid(E, R, mode="QA", tau=tau, cfg=cfg, dtype=F64), s.T, p, s.B.to(F64),
+                       snr_db=s.snr_db.to(F64), warmup=2)
+
+    assert not DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64).fused_rollout
+    p = s.p.to(F64).clone().requires_grad_()
+    k = run(on, p)
+    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
+    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
+    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
+    g, = torch.autograd.grad(kpi_mix(k), p)
+    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    h = 1e-6
+    at = lambda x: float(kpi_mix(run(on, x)))  # noqa: E731
+    fd = (at(s.p.to(F64) + h * d) - at(s.p.to(F64) - h * d)) / (2 * h)
+    assert float((g * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
+    plain = float(kpi_mix(run(s.cfg, s.p.to(F64))))
+    assert abs(plain - float(kpi_mix(k))) > 1e-6
+    tiny = float(kpi_mix(run(dataclasses.replace(s.cfg, qa_reshare=1e-9), s.p.to(F64))))
+    assert tiny == pytest.approx(plain, rel=1e-6)
+
+
+def test_qa_reshare_is_a_share_and_not_with_the_backlog_closure():
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="CellConfig.qa_reshare must"):
+            CellConfig(qa_reshare=bad)
+    with pytest.raises(ValueError, match="CellConfig.qa_reshare must be 0 with mf_backlog_closure"):
+        CellConfig(qa_reshare=0.5, mf_backlog_closure=True)
+    with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
+        from isaac_net.core import make_engine
+
+        make_engine("L2-legacy", 2, 4, cfg=CellConfig(qa_reshare=0.5))

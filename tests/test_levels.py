@@ -511,3 +511,114 @@ def test_cuda_graph_backend_equals_eager_on_cuda(level, device="cuda"):
     graphed = _totals_on(level, s, device, engine=net, reset_at=7)
     for key in eager:  # the same kernels replayed: the same floats
         torch.testing.assert_close(graphed[key], eager[key], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- QA, re-shared time
+def test_qa_reshared_time_of_a_drained_robot_goes_to_the_others():
+    # Three robots at 20 dB, no SR offset: alloc 3 each (headroom), se 5.5, 2.97 MB/s at n = 3 served.
+    # They need 6.73, 20.2 and 50.5 ms at that rate. With all of a drained robot's time re-shared
+    # (qa_reshare 1) robot 0 is done at 6.73 ms, robot 1 at (6.73 + 2 x 20.2) / 3 = 15.7 ms, and robot 2
+    # reaches the level where 20.2 + 6.73 + l = 60 ms (3 x the step). With half of it re-shared
+    # (0.5) the time of level l is 0.5 sum_j min(V_j, l) / 3 + 0.5 l: robot 0 done at 6.73 ms, robot 1
+    # at 0.5 (6.73 + 2 x 20.2) / 3 + 0.5 x 20.2 = 17.9 ms; robot 2 reaches 0.5 (26.9 + l) / 3 + 0.5 l = 20.
+    rate = 3 * 5.5 * 1.44e6 / 8
+    bytes_ = [20_000.0, 60_000.0, 150_000.0]
+    V = [b / rate for b in bytes_]
+    T = CFG.step_s
+    half = (T - 0.5 * (V[0] + V[1]) / 3) / (0.5 / 3 + 0.5)
+    for a, t1, level in ((1.0, (V[0] + 2 * V[1]) / 3, 3 * T - V[0] - V[1]),
+                         (0.5, 0.5 * (V[0] + 2 * V[1]) / 3 + 0.5 * V[1], half)):
+        e = one("QA", R=3, cfg=dataclasses.replace(CFG, qa_sr_slots=0, qa_reshare=a))
+        out = run(e, [1, 1, 1], bytes_, [20.0] * 3)
+        assert out["delivered"][0].tolist() == [1.0, 1.0, 0.0]
+        assert out["delay_sum"][0, :2].tolist() == pytest.approx([V[0] / T, t1 / T], rel=1e-12), a
+        assert e.queue.bytes[0, 2, 0].item() == pytest.approx(150_000.0 - rate * level, rel=1e-12), a
+
+
+def _qa_events(total, cum, valid, rate, late, sr_s, step_s, reshare):
+    """The QA interval event by event, one cell of plain floats (the reference of the closed form):
+    each robot being served at ``rate * n / (reshare n_served + (1 - reshare) n)``, a late robot from
+    ``sr_s`` on. Returns per robot the bytes served and per message the finish time (None: not done)."""
+    R = len(total)
+    n = sum(1 for j in range(R) if total[j] > 0)
+    served = [0.0] * R
+    finish = [[None] * len(cum[j]) for j in range(R)]
+    t = 0.0
+    while t < step_s:
+        active = [j for j in range(R) if total[j] - served[j] > 0 and (not late[j] or t >= sr_s)]
+        events = [step_s - t]
+        if any(late[j] and total[j] > 0 and t < sr_s for j in range(R)):
+            events.append(sr_s - t)
+        speed = n / (reshare * len(active) + (1.0 - reshare) * n) if active else 0.0
+        events += [(total[j] - served[j]) / (rate[j] * speed) for j in active]
+        dt = min(events)
+        for j in active:
+            new = served[j] + rate[j] * speed * dt
+            for k, c in enumerate(cum[j]):
+                if valid[j][k] and finish[j][k] is None and served[j] < c <= new * (1 + 1e-12):
+                    finish[j][k] = t + (c - served[j]) / (rate[j] * speed)
+            served[j] = total[j] if new >= total[j] * (1 - 1e-12) else new
+        t += dt
+    return served, finish
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_qa_reshared_interval_closed_form_against_events(seed):
+    """QA's re-shared interval (``qa._level_of``: the levels where ``a sum_j min(V_j, l) + (1 - a) n l``
+    reaches the SR time and the step) against the interval run event by event, on random queues: 1-9
+    robots, 0-3 messages each, an SR offset from none to the whole step, some robots late, ``a`` in
+    (0, 1]."""
+    from isaac_net.core.levels.base import Queue, StepContext
+
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(25):
+        R = int(torch.randint(1, 10, (1,), generator=g))
+        sr_slots = int(torch.randint(0, CFG.num_slots + 1, (1,), generator=g))
+        a = float(torch.rand(1, generator=g)) * 0.99 + 0.01 if seed % 3 else 1.0
+        cfg = dataclasses.replace(CFG, qa_sr_slots=sr_slots, qa_reshare=a)
+        e = one("QA", R=R, cfg=cfg)
+        F = cfg.buffer_msgs
+        length = torch.randint(0, 4, (1, R), generator=g)
+        sizes = (1e3 + 4e4 * torch.rand(1, R, F, generator=g, dtype=F64))
+        valid = torch.arange(F) < length.unsqueeze(-1)
+        q = Queue(bytes=torch.where(valid, sizes, 0.0), size=torch.where(valid, sizes, 0.0),
+                  gen=torch.zeros(1, R, F, dtype=F64), length=length)
+        was_empty = torch.rand(1, R, generator=g) < 0.5
+        snr_db = -5 + 35 * torch.rand(1, R, generator=g, dtype=F64)
+        ctx = StepContext(t=1, snr_db=snr_db, tx_dbm=torch.full((1, R), 23.0, dtype=F64),
+                          was_empty=was_empty, captured=length > 0, msg_bytes=sizes[..., 0])
+        s = e._serve(q, ctx)
+        total = q.bytes.sum(-1)[0].tolist()
+        n = sum(1 for b in total if b > 0)
+        rate = [qa_rate(float(x), CFG.num_subbands / max(n, 1), n) if total[j] > 0 else 1.0
+                for j, x in enumerate(snr_db[0])]
+        late = (was_empty & (length > 0))[0].tolist()
+        cum = q.bytes.cumsum(-1)[0].tolist()
+        served, finish = _qa_events(total, cum, valid[0].tolist(), rate, late,
+                                    min(cfg.qa_sr_slots * cfg.slot_s, cfg.step_s), cfg.step_s, a)
+        for j in range(R):
+            for k in range(F):
+                if not valid[0, j, k]:
+                    continue
+                assert bool(s.done[0, j, k]) == (finish[j][k] is not None), (seed, j, k)
+                if finish[j][k] is not None:
+                    assert s.finish_s[0, j, k].item() == pytest.approx(finish[j][k], rel=1e-9, abs=1e-15)
+                else:  # what is left of the message being served, or all of one not reached
+                    left = max(min(cum[j][k] - served[j], q.bytes[0, j, k].item()), 0.0)
+                    assert s.remaining[0, j, k].item() == pytest.approx(left, rel=1e-9, abs=1e-6)
+
+
+def test_qa_reshared_interval_tends_to_the_static_share():
+    # A re-shared share of 1e-9 against none: the closed form's path against the static one, over
+    # random scenarios (the delays, deliveries and energies of every step to 1e-6).
+    for seed in range(4):
+        s = random_scenario(seed)
+        outs = []
+        for a in (0.0, 1e-9):
+            e = make_engine("QA", s.E, s.R, cfg=dataclasses.replace(s.cfg, qa_reshare=a), dtype=F64)
+            outs.append([e.step((s.u[t] < s.p).to(F64), s.B, snr_db=s.snr_db, deadline=s.deadline)
+                         for t in range(s.T)])
+        for static, tiny in zip(*outs, strict=True):
+            for k in KPI_KEYS:
+                torch.testing.assert_close(tiny[k], static[k], rtol=1e-6, atol=1e-9)
+        assert sum(o["delivered"].sum() for o in outs[0]) > 0

@@ -42,6 +42,10 @@ class CellConfig:
     # 1 - exp(-m) of a Poisson count and then holds whole messages (model._backlog_closure;
     # docs/design.md, "Calibration", probe (22)). Off: QAD's own backlog weight smin(m, 1).
     mf_backlog_closure: bool = False
+    # QA's interval (QA and QAD): the share of the band's time of a robot not being served (its queue
+    # drained, or its scheduling request pending) that goes to the robots being served; 0: each robot's
+    # share held for the step (docs/design.md, "Calibration", probe (26)).
+    qa_reshare: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor", "air_factor")
@@ -61,8 +65,11 @@ class CellConfig:
                 raise ValueError(f"CellConfig.{name} must be an integer in [0, num_slots], got {value!r}")
         if not isinstance(self.mf_backlog_closure, bool):
             raise ValueError(f"CellConfig.mf_backlog_closure must be a bool, got {self.mf_backlog_closure!r}")
+        if self.mf_backlog_closure and self.qa_reshare != 0:
+            raise ValueError(f"CellConfig.qa_reshare must be 0 with mf_backlog_closure (the closure's "
+                             f"service holds each robot's share), got {self.qa_reshare!r}")
         for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp",
-                     "load_spread"):
+                     "load_spread", "qa_reshare"):
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
@@ -109,7 +116,7 @@ class CellConfig:
 #: The constants that exist only for calibration: at their defaults they are the plain fluid
 #: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
 CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp",
-                    "load_spread", "mf_backlog_closure")
+                    "load_spread", "mf_backlog_closure", "qa_reshare")
 #: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
 #: the plain model has physical values of and a calibration refits (so a cell that differs in
 #: them alone is not calibrated).
@@ -139,6 +146,7 @@ PHYSICAL_RANGES = {
     "air_factor": (1e-3, 100.0, ""),
     "air_crowd_exp": (-2.0, 2.0, ""),
     "load_spread": (0.0, 4.0, ""),
+    "qa_reshare": (0.0, 1.0, ""),
 }
 _RANGE_WHY = {
     "step_s": "a control step from a microsecond to a minute (beyond, the delays and energies leave float32)",
@@ -157,6 +165,7 @@ _RANGE_WHY = {
     "air_factor": "a factor on the time on air of order one (calibrations fit about 0.3 .. 3)",
     "air_crowd_exp": "an exponent of the robots backlogged (64^2 keeps the time on air finite)",
     "load_spread": "a scale of the binomial load spread (1 is binary sends' own; 0 none)",
+    "qa_reshare": "a share of a robot's time (0: none goes to the others; 1: all of it)",
 }
 
 

@@ -27,6 +27,7 @@ rule calibrate_targets:
                 "slope_weight",
                 "load_spread",
                 "mf_backlog_closure",
+                "qa_reshare",
                 "compile",
             ],
         ),

@@ -269,7 +269,8 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
         busy, n = _backlog_closure(w)
     else:
         n = _n_busy(w, tau)
-    share = cfg.num_subbands / relax.smax(n, 1.0, tau)
+    sn = relax.smax(n, 1.0, tau)
+    share = cfg.num_subbands / sn
     if relax.is_hard(tau):
         alloc = torch.minimum(share, headroom)
     else:  # smin(share, h) = h smin(share / h, 1): both > 0 (h >= 1), so no guard for zeros
@@ -280,6 +281,8 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     # With no robot backlogged (n = 0, G = 0) the rate is 0 and nothing is queued; keep the
     # served bytes (and log(served) in fifo_serve) away from exact 0.
     rate = torch.where(rate > 0, rate, 1.0)
+    if cfg.qa_reshare > 0:  # the interval with idle robots' time re-shared (not with the closure)
+        return _reshared_qa(x, w, cum, mass_before, snr_lin, n, sn, rate, cfg, tau)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
     # With the closure a robot is served min(cum, busy * rate * avail_s) in expectation: it holds
@@ -290,6 +293,126 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     fin = c * finish_s / cfg.step_s
     return c, fin, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate, n_busy=n), rest
+
+
+#: Newton steps to QAD's re-shared levels (:func:`_level_root`), a fixed count: no data-dependent
+#: branch in a compiled step. From below on a concave sum each step stays below the root.
+RESHARE_NEWTON_STEPS = 12
+
+
+def _served_s(V, b, e, L, L_s, tau, floor: float = 0.0):
+    """``sum_j b_j ((1 - e_j) smin(V_j, L) + e_j smin(V_j, L - L_s))`` over the cell's robots (the
+    last dimension) and its derivative in ``L``: the seconds of service (at ``rate``) robots with
+    weights ``b`` have had by the level ``L``, those that were empty (``e``) from ``L_s`` on.
+    :input V, b, e: ``[..., R]``; :input L: ``[..., 1]`` (or ``[..., K, 1]`` against ``[..., 1, R]``);
+    :input L_s: broadcast to ``L``, or None (no robot late); ``floor``: the least ``L - L_s``, s (smin
+    takes logs). ``min`` at ``tau = 0``."""
+    hard = relax.is_hard(tau)
+
+    def part(lv):
+        if hard:
+            return torch.minimum(V, lv), (V > lv).to(V.dtype)
+        m = relax.smin(V, lv, tau)
+        return m, (m / lv) ** (1.0 + 1.0 / tau)  # d smin(V, l) / dl
+
+    m, dm = part(L)
+    if L_s is None:
+        return (b * m).sum(-1), (b * dm).sum(-1)
+    m2, dm2 = part(torch.clamp(L - L_s, min=floor))  # a late robot's level runs from L_s
+    return (b * ((1.0 - e) * m + e * m2)).sum(-1), (b * ((1.0 - e) * dm + e * dm2)).sum(-1)
+
+
+def _level_root(f, target, lo, cap):
+    """The level ``L`` in ``[lo, cap]`` ``[E, 1]`` where the concave increasing ``f`` (``L -> (f, f')``)
+    reaches ``target``, or ``cap`` where it does not. Newton from ``lo`` (``f(lo) <= target``) without a
+    graph, then one differentiable Newton step at the root: its gradient is the implicit function's,
+    ``dL = (d target - d f) / f'``."""
+    with torch.no_grad():
+        L, capd, goal = lo.detach().clone(), cap.detach(), target.detach()
+        for _ in range(RESHARE_NEWTON_STEPS):
+            v, d = f(L)
+            L = torch.minimum(L + torch.clamp((goal - v) / torch.clamp(d, min=1e-300), min=0.0), capd)
+    v, d = f(L)  # with the graph of the inputs, at the root
+    flat = d.detach() <= 1e-12  # every robot done below the cap (qa_reshare = 1): the cap's level
+    root = L + (target - v) / torch.where(flat, 1.0, d.detach())
+    return torch.where((L >= capd) | flat, cap, root)
+
+
+def _level_hard(V, b, target, a: float, sn):
+    """The level where ``a sum_j b_j min(V_j, L) + (1 - a) sn L`` reaches ``target`` ``[E, 1]``, at most
+    the largest ``V_j`` of a robot taking part (``b_j > 0``; 0 if none), exactly: the sum is piecewise
+    linear with knots at the ``V_j``, and the root lies past the largest knot at or below ``target``.
+    :input V, b: ``[E, R]``; :input target, sn: ``[E, 1]``."""
+    at_knots = a * (b.unsqueeze(-2) * torch.minimum(V.unsqueeze(-2), V.unsqueeze(-1))).sum(-1)
+    at_knots = at_knots + (1.0 - a) * sn * V
+    part = b > 0
+    lo = torch.where(part & (at_knots <= target), V, 0.0).amax(-1, keepdim=True)
+    top = torch.where(part, V, 0.0).amax(-1, keepdim=True)
+    f_lo = a * (b * torch.minimum(V, lo)).sum(-1, keepdim=True) + (1.0 - a) * sn * lo
+    slope = a * (b * (V > lo)).sum(-1, keepdim=True) + (1.0 - a) * sn
+    L = lo + (target - f_lo) / torch.where(slope > 0, slope, 1.0)
+    return torch.where(slope > 0, torch.minimum(L, top), top)
+
+
+def _reshared_qa(x, w, cum, mass_before, snr_lin, n, sn, rate, cfg: CellConfig, tau):
+    """QAD's interval with the share ``a = qa_reshare`` of an idle robot's time re-shared: the QA
+    level's rule (``NetQA._reshared``), relaxed. A robot is backlogged with the weight
+    ``b = soft_busy`` and then needs ``Vb = V / b`` seconds at ``rate`` (``V`` its bytes over ``rate``);
+    the time of level ``l`` is ``(a served_s(l) + (1 - a) sn l) / sn`` (:func:`_served_s`): the
+    early robots' up to the SR level ``L_s``, then every robot's, a late robot from ``L_s`` on, plus
+    the SR's idle time; the step ends at the level ``L``. Inputs ``[E, R]`` and ``[E, 1]`` as
+    :func:`_service_qa`'s; output as it."""
+    a, T, hard = float(cfg.qa_reshare), cfg.step_s, relax.is_hard(tau)
+    tiny = 1e-9 * cfg.step_s  # keeps smin's powers (1 / tau up to 20) finite
+    floor = 0.0 if hard else tiny
+    e = relax.soft_empty(mass_before, tau)  # [E, R]: was empty, so served after its SR
+    b = relax.soft_busy(w.sum(-1), tau)
+    # s at rate, clamped: rate^2 underflows in float32 where n ~ 0
+    V = torch.clamp(x.sum(-1) / torch.clamp(rate, min=1.0), min=tiny)
+    Vb = torch.clamp(V / torch.clamp(b, min=1e-6), min=tiny)
+    s = min(cfg.qa_sr_slots * cfg.slot_s, T)
+    early = b * (1.0 - e)
+
+    def f1(L):  # up to the SR: the early robots
+        m, dm = _served_s(Vb, early, e, L, None, tau)
+        return a * m.unsqueeze(-1) + (1.0 - a) * sn * L, a * dm.unsqueeze(-1) + (1.0 - a) * sn
+
+    zero = torch.zeros_like(sn)
+    if s == 0:
+        L_s, idle = zero, zero
+    else:
+        L_s = _level_hard(Vb, early, sn * s, a, sn) if hard else _level_root(f1, sn * s, zero + tiny, sn * s)
+        idle = s - f1(L_s)[0] / sn  # > 0 where every early robot is done before the SR
+
+    def f2(L):  # after it: every robot, a late one from L_s
+        m, dm = _served_s(Vb, b, e, L, L_s, tau, floor)
+        return a * m.unsqueeze(-1) + (1.0 - a) * sn * L, a * dm.unsqueeze(-1) + (1.0 - a) * sn
+
+    if s >= T:  # the SR fills the step: a late robot is not served
+        L = L_s
+    elif hard:  # a late robot's need ends at the level Vb + L_s
+        late = b * e
+        L = _level_hard(Vb + e * L_s, b, sn * (T - idle) + a * late.sum(-1, keepdim=True) * L_s, a, sn)
+    else:
+        L = _level_root(f2, sn * (T - idle), L_s + tiny, L_s + sn * T)
+    start = e * L_s  # [E, R]: the level a robot's service starts at
+    span = torch.clamp(L - start, min=0.0)
+    served = rate * span
+    if hard:  # a robot whose need is reached is served its bytes exactly (no rounding of rate V)
+        served = torch.where(start + Vb <= L, torch.maximum(served, x.sum(-1)), served)
+    c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+    # a message's level: where the robot's service reaches it (exactly cum / rate at tau = 0, as the
+    # need: the last message of the robot that ends the SR's interval finishes at L_s, not after it)
+    part = cum / rate.unsqueeze(-1) if hard else frac * span.unsqueeze(-1)
+    level = (start.unsqueeze(-1) + part).unsqueeze(-1)  # [E, R, A, 1]
+    wide = (Vb[:, None, None, :], b[:, None, None, :], e[:, None, None, :])  # against the cell's robots
+    m, _ = _served_s(*wide, level, L_s[:, None, None, :], tau, floor)  # [E, R, A]
+    level = level.squeeze(-1)
+    L_s3, sn3 = L_s.unsqueeze(-1), sn.unsqueeze(-1)
+    after = level > L_s3 if hard else relax.soft_ge(level, L_s3.expand_as(level), tau)
+    t_s = (a * m + (1.0 - a) * sn3 * level) / sn3 + idle.unsqueeze(-1) * after
+    finish_s = torch.clamp(t_s, max=T)
+    return c, c * finish_s / T, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate, n_busy=n), rest
 
 
 class StepInputs(typing.NamedTuple):
@@ -366,9 +489,10 @@ def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slot_grad: 
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
     soft only: not at tau = 0 (the hard operations), not ``slot_grad="autograd"`` (autograd through
     ``_step``), not compiled unless on the CPU (where the node's forward runs as a compiled kernel), and
-    not with mean-field sends' backlog closure (``cfg.mf_backlog_closure``: autograd through ``_step``)."""
+    not with mean-field sends' backlog closure or QA's re-shared time (``cfg.mf_backlog_closure``,
+    ``cfg.qa_reshare``: autograd through ``_step``)."""
     return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slot_grad != "autograd"
-            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure)
+            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure and cfg.qa_reshare == 0)
 
 
 _COMPILED_STEPS: dict = {}

@@ -43,6 +43,7 @@ from isaac_net.core.diff.calibrate.store import (
     _jsonable,
     check_backlog_closure,
     check_load_spread,
+    check_reshare,
 )
 from isaac_net.core.diff.calibrate.targets import (
     _check_points,
@@ -105,6 +106,7 @@ def fit(
     slope_weight: float = SLOPE_WEIGHT,
     load_spread: float = 0.0,
     mf_backlog_closure: bool = False,
+    qa_reshare: float = 0.0,
     compile: bool = False,
     progress: bool | Callable[[str], None] = False,
     provenance: dict | None = None,
@@ -137,6 +139,8 @@ def fit(
     :param mf_backlog_closure: QAD with mean-field sends only: the calibrated model serves a robot as
         whole messages (``CellConfig.mf_backlog_closure``), fixed, not searched; the plain model's
         loss keeps QAD's own backlog weight.
+    :param qa_reshare: QAD only: the share of an idle robot's time its interval gives the robots being
+        served (``CellConfig.qa_reshare``), fixed, not searched; the plain model's loss keeps none.
     :param compile: run the model's compiled step (``DiffFluid(compile=True)``) for every loss
         evaluation: the same losses to float rounding, some 2x (L1D) to 7x (QAD) faster on the
         fit's batches after a first call that compiles or loads the kept kernels. The gradient check
@@ -149,14 +153,15 @@ def fit(
     cfg, l2_cfg, choices = _checked_choices(
         mode, sends, level=level, cfg=cfg, l2_cfg=l2_cfg, envs=envs, model_envs=model_envs,
         check_envs=check_envs, grid=grid, heldout=heldout, search=search, tau=tau, slope_weight=slope_weight,
-        compile=compile, load_spread=load_spread, mf_backlog_closure=mf_backlog_closure)
+        compile=compile, load_spread=load_spread, mf_backlog_closure=mf_backlog_closure,
+        qa_reshare=qa_reshare)
     sizes = fleet_sizes(R)
     cells = _fit_targets(grid, heldout, sizes, dict(area_m=area_m, envs=envs, T=T, warmup=warmup),
                          seed=seed, level=level, cfg=cfg, l2_cfg=l2_cfg, targets=targets,
                          heldout_targets=heldout_targets)
     obj = _Objective(mode, sends, cfg, lam, float(slope_weight), [t.first(model_envs) for t in cells.train],
                      cells.targets, neighbours(grid, len(sizes)), compile, float(load_spread),
-                     model_envs if check_envs is None else check_envs, mf_backlog_closure)
+                     model_envs if check_envs is None else check_envs, mf_backlog_closure, float(qa_reshare))
     report = _Progress(progress, f"calibrate {mode_spec(mode).label} {sends}")
     coarse = _coarse_grid(obj, choices, report)
     best, checks, refined, tried = _choose_usable(obj, coarse, choices.search, sizes, report)
@@ -202,11 +207,15 @@ class _Choices:
 
 def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: int, model_envs: int,
                      check_envs, grid, heldout, search, tau: float, slope_weight, compile,
-                     load_spread, mf_backlog_closure=False) -> tuple:
+                     load_spread, mf_backlog_closure=False, qa_reshare=0.0) -> tuple:
     """The arguments of :func:`fit` checked once: ``(cfg, l2_cfg, _Choices)`` with the defaults filled."""
     _check_model(mode, sends)
     check_load_spread(load_spread, sends)  # before the fit's minutes, not after
     check_backlog_closure(mf_backlog_closure, mode, sends)
+    check_reshare(qa_reshare, mode)
+    if mf_backlog_closure and qa_reshare > 0:
+        raise ValueError(f"qa_reshare: expected 0 with mf_backlog_closure (the closure's service holds each "
+                         f"robot's share), got {qa_reshare!r}")
     if level != "L2-legacy":
         raise ValueError(f"level: calibrations are fitted to 'L2-legacy', got {level!r}")
     cfg = CellConfig() if cfg is None else cfg
@@ -305,6 +314,7 @@ class _Objective:
     load_spread: float = 0.0  # the calibrated model's (CellConfig.load_spread), not searched
     check_envs: int = 1  # the first cells per point of each part the gradient check runs on
     mf_backlog_closure: bool = False  # the calibrated model's (CellConfig.mf_backlog_closure), not searched
+    qa_reshare: float = 0.0  # the calibrated model's (CellConfig.qa_reshare), not searched
 
     def kpis(self, parts: list, c: CellConfig, t: float, candidates=None) -> dict:
         """The model's KPIs on every fleet size's problem in ``parts``, as one set of points."""
@@ -322,6 +332,7 @@ class _Objective:
         return dataclasses.replace(
             self.cfg, rate_factor=float(eta), snr_offset_db=float(off), **{spec.sr_field: int(L)}, **extra,
             load_spread=self.load_spread, mf_backlog_closure=self.mf_backlog_closure,
+            qa_reshare=self.qa_reshare,
         )
 
     def cell(self, f: _Fitted) -> CellConfig:
@@ -542,7 +553,7 @@ def _calibration(obj: _Objective, cells: _Cells, best: _Fitted, checks: dict, ch
         sr_slots=int(best.sr_slots), train_loss=best.loss, heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train, uncalibrated_heldout_loss=uncal_heldout,
         air_factor=best.air_factor, air_crowd_exp=best.air_crowd_exp, load_spread=obj.load_spread,
-        mf_backlog_closure=obj.mf_backlog_closure, grid=cells.train[0].points,
+        mf_backlog_closure=obj.mf_backlog_closure, qa_reshare=obj.qa_reshare, grid=cells.train[0].points,
         heldout_grid=cells.held[0].points if cells.held is not None else (),
         R=sizes, area_m=tuple(float(a) for a in area_m), cell=_jsonable(dataclasses.asdict(obj.cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)), setup=_jsonable(setup),

@@ -42,6 +42,19 @@ def check_backlog_closure(closure, mode: str, sends: str) -> None:
                          f"and sends {sends!r}")
 
 
+def check_reshare(reshare, mode: str) -> None:
+    """Refuse a re-shared share of an idle robot's time (``CellConfig.qa_reshare``) outside the cell's
+    range for it (``config.PHYSICAL_RANGES``), or one > 0 for another mode than QA (it lives in QA's
+    interval): a ValueError naming ``qa_reshare``."""
+    lo, hi, _ = PHYSICAL_RANGES["qa_reshare"]
+    if isinstance(reshare, bool) or not isinstance(reshare, (int, float)) or not (
+            math.isfinite(reshare) and lo <= reshare <= hi):
+        raise ValueError(f"qa_reshare: expected a finite number in [{lo:g}, {hi:g}], got {reshare!r}")
+    if reshare > 0 and mode != "QA":
+        raise ValueError(f"qa_reshare: a share of QA's interval; expected 0 for mode {mode!r}, "
+                         f"got {reshare!r}")
+
+
 def check_load_spread(spread, sends: str) -> None:
     """Refuse a load spread (``CellConfig.load_spread``'s scale) outside the cell's range for it
     (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later), or one > 0 for
@@ -88,6 +101,8 @@ class Calibration:
         relaxed sends and in an entry fitted without it).
     :field mf_backlog_closure: QAD mean-field's backlog closure (``CellConfig``'s; False in an entry
         fitted without it).
+    :field qa_reshare: the share of an idle robot's time QAD's interval gives the others
+        (``CellConfig``'s; 0 in an entry fitted without it).
     """
 
     mode: str
@@ -114,6 +129,7 @@ class Calibration:
     air_crowd_exp: float = 0.0
     load_spread: float = 0.0
     mf_backlog_closure: bool = False
+    qa_reshare: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "R", fleet_sizes(self.R))
@@ -130,6 +146,7 @@ class Calibration:
                              f"got {req!r}")
         check_load_spread(self.load_spread, self.sends)
         check_backlog_closure(self.mf_backlog_closure, self.mode, self.sends)
+        check_reshare(self.qa_reshare, self.mode)
 
     @property
     def constants(self) -> dict:
@@ -145,6 +162,7 @@ class Calibration:
         out["air_factor"], out["air_crowd_exp"] = self.air_factor, self.air_crowd_exp
         out["load_spread"] = self.load_spread
         out["mf_backlog_closure"] = self.mf_backlog_closure
+        out["qa_reshare"] = self.qa_reshare
         return out
 
     def apply(
@@ -228,7 +246,7 @@ class Calibration:
             raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
         optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp",
-                    "load_spread", "mf_backlog_closure")
+                    "load_spread", "mf_backlog_closure", "qa_reshare")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
@@ -303,6 +321,15 @@ def _field_error(source: str, name: str, expected: str, value, kind=ValueError):
     return kind(f"{source}: calibration field {name!r}: expected {expected}, got {value!r}")
 
 
+def _checked_field(source: str, name: str, check, *args) -> None:
+    """Run the shared ``check(*args)`` of field ``name``; its ValueError again with ``source`` and the
+    field before the check's own words (which start with the field's name)."""
+    try:
+        check(*args)
+    except ValueError as err:
+        raise ValueError(f"{source}: calibration field {name!r}: {str(err).partition(': ')[2]}") from None
+
+
 def _check_fields(kw: dict, source: str) -> None:
     """Every field of a calibration entry of the right type and range (the error names ``source``
     and the field). A loss may be inf (a point the model could not meet) or null (none measured,
@@ -330,18 +357,14 @@ def _check_fields(kw: dict, source: str) -> None:
         number("air_factor", lo=0.0, lo_open=True)
     if "air_crowd_exp" in kw:
         number("air_crowd_exp")
-    if "load_spread" in kw:  # absent in an entry fitted without it
-        try:
-            check_load_spread(kw["load_spread"], kw["sends"])
-        except ValueError as err:  # its words, after the file's name and the field's
-            words = str(err).partition(": ")[2]
-            raise ValueError(f"{source}: calibration field 'load_spread': {words}") from None
-    if "mf_backlog_closure" in kw:  # absent in an entry fitted without it
-        try:
-            check_backlog_closure(kw["mf_backlog_closure"], kw["mode"], kw["sends"])
-        except ValueError as e:
-            raise _field_error(source, "mf_backlog_closure", "a bool, True only for QA with mean_field sends",
-                               kw["mf_backlog_closure"]) from e
+    # absent in an entry fitted without them; the shared checks' words after the file's and the field's
+    if "load_spread" in kw:
+        _checked_field(source, "load_spread", check_load_spread, kw["load_spread"], kw["sends"])
+    if "mf_backlog_closure" in kw:
+        _checked_field(source, "mf_backlog_closure", check_backlog_closure, kw["mf_backlog_closure"],
+                       kw["mode"], kw["sends"])
+    if "qa_reshare" in kw:
+        _checked_field(source, "qa_reshare", check_reshare, kw["qa_reshare"], kw["mode"])
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
