@@ -464,14 +464,7 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
                                                        lam=0.1).items()}
     kw = {**TINY, "envs": 2, "search": search, "targets": target}
     plain, spread = (calibrate.fit("QA", "mean_field", grid=GRID, load_spread=s, **kw) for s in (0.0, 1.0))
-    assert (plain.load_spread, spread.load_spread) == (0.0, 1.0)
-    assert spread.constants["load_spread"] == 1.0 and spread.apply().load_spread == 1.0
-    assert spread.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: no spread
-    assert spread.train_loss != pytest.approx(plain.train_loss, rel=1e-6)  # the calibrated one spreads
-    back = calibrate.Calibration.from_dict(spread.to_dict())
-    assert back.load_spread == 1.0 and back.model(2, 4).cfg.load_spread == 1.0
-    older = {k: v for k, v in spread.to_dict().items() if k != "load_spread"}
-    assert calibrate.Calibration.from_dict(older).load_spread == 0.0  # an entry fitted without it
+    _assert_option_recorded(plain, spread, "load_spread", 1.0, off=0.0)
     with pytest.raises(ValueError, match="load_spread: a load spread of mean-field sends"):
         calibrate.fit("QA", "relaxed", grid=GRID, load_spread=1.0, **kw)
     for bad in (-1.0, 4.5):  # the cell's range, [0, 4], refused before the fit's minutes
@@ -496,16 +489,36 @@ def test_a_mean_field_fit_records_its_load_spread_and_the_model_runs_with_it():
     assert dataclasses.replace(spread, sends="relaxed", load_spread=0.0).load_spread == 0.0
 
 
-def test_a_qad_mean_field_fit_records_its_backlog_closure_and_the_model_runs_with_it():
-    """``fit(mf_backlog_closure=)``: QAD mean-field's calibrated model serves a robot as whole messages
-    (the record's constant, which ``apply`` puts in the cell and a file keeps), the plain model's loss
-    without it; refused for relaxed sends and for L1D, before the fit and in a record or a file."""
+def _assert_option_recorded(plain, fitted, name: str, on, *, off):
+    """A fit option ``name`` (a ``CellConfig`` constant the fit holds, not searches): ``fitted`` (with
+    ``on``) records it in its constants, ``apply`` and a file, ``plain`` (with ``off``) not; the plain
+    model's loss is the same for both, the calibrated one's differs; an entry without it has ``off``."""
+    assert (getattr(plain, name), getattr(fitted, name)) == (off, on)
+    assert fitted.constants[name] == on and getattr(fitted.apply(), name) == on
+    assert fitted.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: without it
+    assert fitted.train_loss != pytest.approx(plain.train_loss, rel=1e-6)
+    back = calibrate.Calibration.from_dict(fitted.to_dict())
+    assert getattr(back, name) == on and getattr(back.model(2, 4).cfg, name) == on
+    older = {k: v for k, v in fitted.to_dict().items() if k != name}
+    assert getattr(calibrate.Calibration.from_dict(older), name) == off  # an entry fitted without it
+
+
+def _one_choice_qad_fit() -> dict:
+    """``fit``'s keywords for a QAD fit of one choice (two Nelder-Mead evaluations) on ``GRID`` at
+    R = 4, its targets the plain QAD relaxed's KPIs: what a fit option's record is tested on."""
     search = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
               "refine_top": 1, "refine_evals": 1, "air_crowd_exp": None}
     prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
     target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05,
                                                        lam=0.1).items()}
-    kw = {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
+    return {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
+
+
+def test_a_qad_mean_field_fit_records_its_backlog_closure_and_the_model_runs_with_it():
+    """``fit(mf_backlog_closure=)``: QAD mean-field's calibrated model serves a robot as whole messages
+    (the record's constant, which ``apply`` puts in the cell and a file keeps), the plain model's loss
+    without it; refused for relaxed sends and for L1D, before the fit and in a record or a file."""
+    kw = _one_choice_qad_fit()
     plain, closed = (calibrate.fit("QA", "mean_field", grid=GRID, mf_backlog_closure=c, **kw)
                      for c in (False, True))
     assert (plain.mf_backlog_closure, closed.mf_backlog_closure) == (False, True)
@@ -534,21 +547,9 @@ def test_a_qad_fit_records_its_reshared_time_and_the_model_runs_with_it():
     time to the others (the record's constant, which ``apply`` and a file keep; an older entry without
     it has none), the plain model's loss without it; refused for L1D, out of [0, 1] and with the
     backlog closure, before the fit and in a file."""
-    search = {"rate_factor": (0.7,), "snr_offset_db": (-6.0,), "sr_slots": {"QA": (8,)}, "tau": (0.1,),
-              "refine_top": 1, "refine_evals": 1, "air_crowd_exp": None}
-    prob = calibrate.problem(GRID, R=4, envs=2, T=12, warmup=3, seed=0)
-    target = {k: v[0] for k, v in calibrate.model_kpis("QA", "relaxed", prob, CellConfig(), tau=0.05,
-                                                       lam=0.1).items()}
-    kw = {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
+    kw = _one_choice_qad_fit()
     plain, shared = (calibrate.fit("QA", "relaxed", grid=GRID, qa_reshare=a, **kw) for a in (0.0, 0.5))
-    assert (plain.qa_reshare, shared.qa_reshare) == (0.0, 0.5)
-    assert shared.constants["qa_reshare"] == 0.5 and shared.apply().qa_reshare == 0.5
-    assert shared.uncalibrated_train_loss == plain.uncalibrated_train_loss  # the plain model: QAD's own
-    assert shared.train_loss != pytest.approx(plain.train_loss, rel=1e-6)
-    back = calibrate.Calibration.from_dict(shared.to_dict())
-    assert back.qa_reshare == 0.5 and back.model(2, 4).cfg.qa_reshare == 0.5
-    older = {k: v for k, v in shared.to_dict().items() if k != "qa_reshare"}
-    assert calibrate.Calibration.from_dict(older).qa_reshare == 0.0  # an entry fitted without it
+    _assert_option_recorded(plain, shared, "qa_reshare", 0.5, off=0.0)
     with pytest.raises(ValueError, match="qa_reshare: a share of QA's interval; expected 0 for mode 'L1'"):
         calibrate.fit("L1", "relaxed", grid=GRID, qa_reshare=0.5, **kw)
     with pytest.raises(ValueError, match=r"qa_reshare: expected a finite number in \[0, 1\], got 1.5"):

@@ -1327,6 +1327,36 @@ def test_the_backlog_closure_counts_the_robots_a_backlogged_robot_shares_with():
     torch.testing.assert_close(n, 1.0 + torch.tensor([others], dtype=F64), rtol=1e-12, atol=0.0)
 
 
+def _off_fused_node_checks(s, cfg: CellConfig, seed: int, tau: float = 0.1):
+    """QAD with ``cfg`` (a rule the fused node has not) on scenario ``s`` in float64: it runs through
+    autograd of ``_step``, conserves mass, keeps delivery in [0, 1], has d kpi_mix / d p equal to
+    central differences along a random direction, and KPIs other than the plain cell's. Returns the
+    kpi_mix of a rollout ``p -> float`` with ``cfg`` replaced."""
+    E, R = s.p.shape
+
+    def run(c, p):
+        return rollout(DiffFluid(E, R, mode="QA", tau=tau, cfg=c, dtype=F64), s.T, p, s.B.to(F64),
+                       snr_db=s.snr_db.to(F64), warmup=2)
+
+    assert not DiffFluid(E, R, mode="QA", tau=tau, cfg=cfg, dtype=F64).fused_rollout
+    p = s.p.to(F64).clone().requires_grad_()
+    k = run(cfg, p)
+    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
+    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
+    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
+    g, = torch.autograd.grad(kpi_mix(k), p)
+    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    h = 1e-6
+
+    def mix(c, x):
+        return float(kpi_mix(run(c, x)))
+
+    fd = (mix(cfg, s.p.to(F64) + h * d) - mix(cfg, s.p.to(F64) - h * d)) / (2 * h)
+    assert float((g * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
+    assert abs(mix(s.cfg, s.p.to(F64)) - float(kpi_mix(k))) > 1e-6
+    return mix
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_backlog_closure_conserves_mass_and_runs_off_the_fused_node(seed):
     """With the closure QAD runs through autograd of ``_step`` (the fused node has no closure): mass
@@ -1336,26 +1366,7 @@ def test_the_backlog_closure_conserves_mass_and_runs_off_the_fused_node(seed):
     s = random_scenario(seed)
     on = dataclasses.replace(s.cfg, mf_backlog_closure=True)
     E, R = s.p.shape
-    net = DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64)
-    assert not net.fused_rollout
-    p = s.p.to(F64).clone().requires_grad_()
-    k = rollout(net, s.T, p, s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
-    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
-    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
-    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
-    g, = torch.autograd.grad(kpi_mix(k), p)
-    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-    h = 1e-6
-
-    def at(x):
-        return float(kpi_mix(rollout(DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64), s.T, x,
-                                     s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)))
-
-    fd = (at(s.p.to(F64) + h * d) - at(s.p.to(F64) - h * d)) / (2 * h)
-    assert float((g * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
-    plain = rollout(DiffFluid(E, R, mode="QA", tau=0.1, cfg=s.cfg, dtype=F64), s.T, s.p.to(F64),
-                    s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
-    assert abs(float(kpi_mix(plain)) - float(kpi_mix(k))) > 1e-6
+    _off_fused_node_checks(s, on, seed)
     hard = [rollout(DiffFluid(E, R, mode="QA", tau=0.0, cfg=c, dtype=F64), s.T, s.p.to(F64), s.B.to(F64),
                     snr_db=s.snr_db.to(F64), warmup=2) for c in (on, s.cfg)]
     assert float(kpi_mix(hard[0])) == float(kpi_mix(hard[1]))
@@ -1392,29 +1403,9 @@ def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed)
     gradient): mass conserved and delivery in [0, 1] on random scenarios, d kpi_mix / d p equal to
     central differences in float64, and at a share of 1e-9 the static share's KPIs."""
     s = random_scenario(seed)
-    on = dataclasses.replace(s.cfg, qa_reshare=0.6)
-    E, R = s.p.shape
-
-    def run(cfg, p, tau=0.1):
-        return rollout(DiffFluid(E, R, mode="QA", tau=tau, cfg=cfg, dtype=F64), s.T, p, s.B.to(F64),
-                       snr_db=s.snr_db.to(F64), warmup=2)
-
-    assert not DiffFluid(E, R, mode="QA", tau=0.1, cfg=on, dtype=F64).fused_rollout
-    p = s.p.to(F64).clone().requires_grad_()
-    k = run(on, p)
-    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
-    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
-    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
-    g, = torch.autograd.grad(kpi_mix(k), p)
-    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-    h = 1e-6
-    at = lambda x: float(kpi_mix(run(on, x)))  # noqa: E731
-    fd = (at(s.p.to(F64) + h * d) - at(s.p.to(F64) - h * d)) / (2 * h)
-    assert float((g * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
-    plain = float(kpi_mix(run(s.cfg, s.p.to(F64))))
-    assert abs(plain - float(kpi_mix(k))) > 1e-6
-    tiny = float(kpi_mix(run(dataclasses.replace(s.cfg, qa_reshare=1e-9), s.p.to(F64))))
-    assert tiny == pytest.approx(plain, rel=1e-6)
+    mix = _off_fused_node_checks(s, dataclasses.replace(s.cfg, qa_reshare=0.6), seed)
+    tiny = mix(dataclasses.replace(s.cfg, qa_reshare=1e-9), s.p.to(F64))
+    assert tiny == pytest.approx(mix(s.cfg, s.p.to(F64)), rel=1e-6)
 
 
 def test_qa_reshare_is_a_share_and_not_with_the_backlog_closure():

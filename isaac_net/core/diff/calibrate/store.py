@@ -42,14 +42,21 @@ def check_backlog_closure(closure, mode: str, sends: str) -> None:
                          f"and sends {sends!r}")
 
 
+def _check_in_range(name: str, value) -> None:
+    """Refuse a value of the cell's constant ``name`` that is not a finite number in its range
+    (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later): a ValueError
+    naming it."""
+    lo, hi, _ = PHYSICAL_RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and lo <= value <= hi):
+        raise ValueError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {value!r}")
+
+
 def check_reshare(reshare, mode: str) -> None:
     """Refuse a re-shared share of an idle robot's time (``CellConfig.qa_reshare``) outside the cell's
     range for it (``config.PHYSICAL_RANGES``), or one > 0 for another mode than QA (it lives in QA's
     interval): a ValueError naming ``qa_reshare``."""
-    lo, hi, _ = PHYSICAL_RANGES["qa_reshare"]
-    if isinstance(reshare, bool) or not isinstance(reshare, (int, float)) or not (
-            math.isfinite(reshare) and lo <= reshare <= hi):
-        raise ValueError(f"qa_reshare: expected a finite number in [{lo:g}, {hi:g}], got {reshare!r}")
+    _check_in_range("qa_reshare", reshare)
     if reshare > 0 and mode != "QA":
         raise ValueError(f"qa_reshare: a share of QA's interval; expected 0 for mode {mode!r}, "
                          f"got {reshare!r}")
@@ -60,10 +67,7 @@ def check_load_spread(spread, sends: str) -> None:
     (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later), or one > 0 for
     sends other than mean-field (a relaxed rollout would ignore it): a ValueError naming
     ``load_spread``."""
-    lo, hi, _ = PHYSICAL_RANGES["load_spread"]
-    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not (
-            math.isfinite(spread) and lo <= spread <= hi):
-        raise ValueError(f"load_spread: expected a finite number in [{lo:g}, {hi:g}], got {spread!r}")
+    _check_in_range("load_spread", spread)
     if spread > 0 and sends != "mean_field":
         raise ValueError(f"load_spread: a load spread of mean-field sends; expected 0 for "
                          f"sends={sends!r}, got {spread!r}")
