@@ -1,0 +1,41 @@
+"""Probe (26): a calibration's QAD gradients at every sensitivity point, against the committed
+L2-legacy FD rows (sensitivity/op_*.json), one JSON line per point (docs/probes/23/summ.py sums them
+up per point group). argv: calibration path, sends code (mf|rb), 're' (QAD with reshare.py's
+re-shared time, its share from the environment's RESHARE) or 'old', ops (comma) or all."""
+import json, sys, time
+sys.path.insert(0, "/work/main/benchmarks/diff")
+import numpy as np, torch, yaml
+torch.set_num_threads(1)
+if sys.argv[3] == "re":
+    sys.path.insert(0, "/tmp/p26")
+    import reshare  # noqa: F401  (RESHARE: the share; patches model.MODES["QA"])
+import sensitivity as S
+from _common import KPIS, cell_config
+from isaac_net.core.diff.calibrate import Calibration
+
+path, sends, tag = sys.argv[1], sys.argv[2], sys.argv[3]
+params = yaml.safe_load(open("/work/main/config/config.yaml"))["sensitivity"]
+res = "/work/main/benchmarks/diff/results/full/sensitivity"
+ops = list(S.ops_by_name(params)) if sys.argv[4] == "all" else sys.argv[4].split(",")
+cal_all = Calibration.load(path, mode="QA", sends=S.SEND_MODEL_OF_CODE[sends])
+dtype = getattr(torch, params.get("dtype", "float32"))
+cfg = cell_config(params.get("cell", {}))
+n_seeds, T, warmup = (int(params[k]) for k in ("n_seeds", "T", "warmup"))
+label = f"QAD {sends} cal"
+for name in ops:
+    t0 = time.perf_counter()
+    op = S.ops_by_name(params)[name]
+    per = int(op.get("envs_per_seed", params["envs_per_seed"]))
+    R = int(op.get("R", params["R"]))
+    base = S.problem(op, n_seeds, per, R, T, int(params["seed"]), dtype)
+    cal = cal_all.at(R)
+    mcfg = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0]))
+    grads, _ = S.model_gradients(base, "QA", sends, n_seeds, T, warmup, cal.tau, float(params["lam"]), mcfg)
+    rows = [r for r in json.load(open(f"{res}/op_{name}.json"))["rows"] if r["model"] == label]
+    out = []
+    for r in rows:
+        g = grads[(r["kpi"], r["input"])].numpy()
+        out.append({"kpi": r["kpi"], "input": r["input"], "sig": r["fd_significant"], "fd": r["fd_mean"],
+                    "old": r["grad_mean"], "new": float(g.mean())})
+    print(json.dumps({"op": name, "R": R, "held_out": bool(op.get("held_out", False)), "tag": tag,
+                      "rows": out, "s": time.perf_counter() - t0}), flush=True)
