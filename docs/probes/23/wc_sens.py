@@ -1,12 +1,16 @@
 """Probe (20): a calibration's QAD gradients at every sensitivity point, against the committed
 L2-legacy FD rows (sensitivity/op_*.json): sign agreement, median ratio, within x2 per point group.
-argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc) or 'old', ops (comma) or all."""
+argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 're' (probe (26):
+docs/probes/26/reshare.py, the share from the environment's RESHARE) or 'old', ops (comma) or all."""
 import json, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/probe")
 import numpy as np, torch, yaml
 torch.set_num_threads(1)
 if sys.argv[3] == "new":
     import qad_wc  # noqa: F401
+elif sys.argv[3] == "re":
+    sys.path.insert(0, "/tmp/p26")
+    import reshare  # noqa: F401
 elif sys.argv[3].startswith("poisson") or sys.argv[3] == "cond":
     sys.path.insert(0, "/tmp/p20")
     import cond_patch

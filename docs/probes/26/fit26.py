@@ -1,13 +1,16 @@
 """Probe (26): QAD with a partial re-share of the band's time: a robot not being served leaves the
-share alpha of its time to the others (reshare.py; alpha 0 QA's static share, 1 probe (19)'s rule).
-Refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile."""
+share alpha of its time to the others (alpha 0 QA's static share, 1 probe (19)'s rule). Refitted by
+the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile (1/0), and
+'patch' (reshare.py patches QAD's service: what the share 0.5 ran as) or 'product' (the stage's
+fit_size with qa_reshare=alpha, CellConfig.qa_reshare)."""
 import os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/p26")
 import torch, yaml
 torch.set_num_threads(1)
-os.environ["RESHARE"] = sys.argv[1]
-from isaac_net.core.diff import model
-import reshare  # noqa: F401  (patches model.MODES["QA"])
+PATCH = sys.argv[5] == "patch"
+if PATCH:
+    os.environ["RESHARE"] = sys.argv[1]
+    import reshare  # noqa: F401  (patches model.MODES["QA"])
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
@@ -27,7 +30,8 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
                              level=params["level"], tau=float(params["tau"]), search=params["search"],
                              targets=C._kpis([f"{res}/calibrate/targets_train_R{R}.json"], (R,))[R],
                              heldout_targets=C._kpis([f"{res}/calibrate/targets_heldout_R{R}.json"], (R,))[R],
-                             progress=False, load_spread=spread, mf_backlog_closure=closure, **kw)
+                             progress=False, load_spread=spread, mf_backlog_closure=closure,
+                             qa_reshare=0.0 if PATCH else ALPHA, **kw)
     fitted[R] = cal
     c, o = cal.to_dict(), committed.at(R).to_dict()
     print(f"reshare {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "
@@ -36,4 +40,4 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
           f"{o['sr_slots']} tau {o['tau']:.3g} train {o['train_loss']:.4f} held {o['heldout_loss']:.3f} | "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     calibrate.FleetCalibration("QA", sends, tuple(fitted[r] for r in sorted(fitted))).save(
-        f"/tmp/p26/cal_re{ALPHA}_{sends}.json")
+        f"/tmp/p26/cal_{'re' if PATCH else 'prod'}{ALPHA}_{sends}.json")
