@@ -1,20 +1,39 @@
-"""Probe (26): QAD with a partial re-share of the band's time: a robot not being served leaves the
-share alpha of its time to the others (alpha 0 QA's static share, 1 probe (19)'s rule). Refitted by
-the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile (1/0), and
-'patch' (reshare.py patches QAD's service: what the share 0.5 ran as) or 'product' (the stage's
-fit_size with qa_reshare=alpha, CellConfig.qa_reshare)."""
-import os, sys, time
-sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/p26")
+"""Probes (25) and (26): QAD with a service between QA's static share (a robot's share of the band
+held for the step) and probe (19)'s time re-shared one (a drained robot's time goes to the others),
+refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile
+(1/0) and the variant:
+- 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
+  (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
+  (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
+- 'patch' (26): reshare.py's rule (a robot not being served leaves the share alpha of its time to
+  the others) patched into QAD's service: what the share 0.5 ran as;
+- 'product' (26): the same rule through the stage's fit_size(qa_reshare=alpha)."""
+import dataclasses, os, sys, time
+sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
 torch.set_num_threads(1)
-PATCH = sys.argv[5] == "patch"
-if PATCH:
+ALPHA, sends, sizes = float(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")]
+VARIANT = sys.argv[5]
+if VARIANT == "patch":
     os.environ["RESHARE"] = sys.argv[1]
     import reshare  # noqa: F401  (patches model.MODES["QA"])
+elif VARIANT == "mix":
+    from isaac_net.core.diff import model, relax
+    import qad_wc  # patches model.MODES["QA"]; keep its service, then install the blend
+
+    def mixed(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
+        static = model._service_qa(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
+        if relax.is_hard(tau) or ALPHA == 0.0:
+            return static
+        wc = qad_wc.service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad)
+        return tuple((1.0 - ALPHA) * a + ALPHA * b for a, b in zip(static, wc, strict=True))
+
+    model.MODES["QA"] = dataclasses.replace(model.MODES["QA"], service=mixed, fused_step=None)
+elif VARIANT != "product":
+    raise ValueError(f"variant: expected 'mix', 'patch' or 'product', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
-ALPHA, sends, sizes = float(sys.argv[1]), sys.argv[2], [int(r) for r in sys.argv[3].split(",")]
 params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
 res = "/work/main/benchmarks/diff/results/full"
 kw = {**C._fit_kwargs(params), "compile": sys.argv[4] == "1"}
@@ -31,13 +50,13 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
                              targets=C._kpis([f"{res}/calibrate/targets_train_R{R}.json"], (R,))[R],
                              heldout_targets=C._kpis([f"{res}/calibrate/targets_heldout_R{R}.json"], (R,))[R],
                              progress=False, load_spread=spread, mf_backlog_closure=closure,
-                             qa_reshare=0.0 if PATCH else ALPHA, **kw)
+                             qa_reshare=ALPHA if VARIANT == "product" else 0.0, **kw)
     fitted[R] = cal
     c, o = cal.to_dict(), committed.at(R).to_dict()
-    print(f"reshare {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "
+    print(f"{VARIANT} {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "
           f"rf {c['rate_factor']:.3f} off {c['snr_offset_db']:.2f} train {c['train_loss']:.4f} "
           f"held {c['heldout_loss']:.3f} stable {c['gradient_check']['stable']} | committed: floor "
           f"{o['sr_slots']} tau {o['tau']:.3g} train {o['train_loss']:.4f} held {o['heldout_loss']:.3f} | "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     calibrate.FleetCalibration("QA", sends, tuple(fitted[r] for r in sorted(fitted))).save(
-        f"/tmp/p26/cal_{'re' if PATCH else 'prod'}{ALPHA}_{sends}.json")
+        f"/tmp/cal_{VARIANT}{ALPHA}_{sends}.json")
