@@ -559,3 +559,10 @@ def test_a_qad_fit_records_its_reshared_time_and_the_model_runs_with_it():
     words = "a share of QA's interval; expected 0 for mode 'L1'"  # the check's
     with pytest.raises(ValueError, match=f"cal.json: calibration field 'qa_reshare': {words}"):
         calibrate.Calibration.from_dict({**shared.to_dict(), "mode": "L1", "qa_snr_req_db": None}, "cal.json")
+    # an entry with the share and the backlog closure: refused when the file is read, not when applied
+    closed = {**shared.to_dict(), "sends": "mean_field", "mf_backlog_closure": True}
+    with pytest.raises(ValueError, match="cal.json: calibration field 'qa_reshare': expected 0 with "
+                                         "mf_backlog_closure"):
+        calibrate.Calibration.from_dict(closed, "cal.json")
+    with pytest.raises(ValueError, match="qa_reshare: expected 0 with mf_backlog_closure"):
+        dataclasses.replace(shared, sends="mean_field", mf_backlog_closure=True)

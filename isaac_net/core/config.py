@@ -66,8 +66,8 @@ class CellConfig:
         if not isinstance(self.mf_backlog_closure, bool):
             raise ValueError(f"CellConfig.mf_backlog_closure must be a bool, got {self.mf_backlog_closure!r}")
         if self.mf_backlog_closure and self.qa_reshare != 0:
-            raise ValueError(f"CellConfig.qa_reshare must be 0 with mf_backlog_closure (the closure's "
-                             f"service holds each robot's share), got {self.qa_reshare!r}")
+            raise ValueError(f"CellConfig.qa_reshare must be 0 with mf_backlog_closure "
+                             f"({RESHARE_WITH_CLOSURE_WHY}), got {self.qa_reshare!r}")
         for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp",
                      "load_spread", "qa_reshare"):
             value = getattr(self, name)
@@ -129,6 +129,10 @@ TX_DBM_RANGE = (-50.0, 60.0)
 #: The physical range of each constant, ``(lo, hi, unit)``: generous around any real cell, and
 #: narrow enough that the models stay finite in float32 (gradients included) and their buffers
 #: allocate. Out of it a ValueError naming the field (``_RANGE_WHY`` says why the bound).
+#: Why a share of an idle robot's time cannot go with QAD's backlog closure (CellConfig's words and
+#: the calibration's, ``calibrate.store.check_reshare``).
+RESHARE_WITH_CLOSURE_WHY = "the closure's service holds each robot's share"
+
 PHYSICAL_RANGES = {
     "step_s": (1e-6, 60.0, " s"),
     "num_slots": (1, 10_000, " slots"),

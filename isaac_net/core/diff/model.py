@@ -296,14 +296,16 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
 
 
 #: Newton steps to QAD's re-shared levels (:func:`_level_root`), a fixed count: no data-dependent
-#: branch in a compiled step. From below on a concave sum each step stays below the root.
-RESHARE_NEWTON_STEPS = 12
+#: branch in a compiled step. From below on a concave sum each step stays below the root; 4-5 reach
+#: rounding (docs/design.md, section 5, probe (26)), the rest is margin.
+RESHARE_NEWTON_STEPS = 8
 
 
-def _served_s(V, b, e, L, L_s, tau, floor: float = 0.0):
+def _served_s(V, b, e, L, L_s, tau, floor: float = 0.0, slope: bool = True):
     """``sum_j b_j ((1 - e_j) smin(V_j, L) + e_j smin(V_j, L - L_s))`` over the cell's robots (the
-    last dimension) and its derivative in ``L``: the seconds of service (at ``rate``) robots with
-    weights ``b`` have had by the level ``L``, those that were empty (``e``) from ``L_s`` on.
+    last dimension) and its derivative in ``L`` (None without ``slope``): the seconds of service (at
+    ``rate``) robots with weights ``b`` have had by the level ``L``, those that were empty (``e``) from
+    ``L_s`` on.
     :input V, b, e: ``[..., R]``; :input L: ``[..., 1]`` (or ``[..., K, 1]`` against ``[..., 1, R]``);
     :input L_s: broadcast to ``L``, or None (no robot late); ``floor``: the least ``L - L_s``, s (smin
     takes logs). ``min`` at ``tau = 0``."""
@@ -311,15 +313,17 @@ def _served_s(V, b, e, L, L_s, tau, floor: float = 0.0):
 
     def part(lv):
         if hard:
-            return torch.minimum(V, lv), (V > lv).to(V.dtype)
+            return torch.minimum(V, lv), (V > lv).to(V.dtype) if slope else None
         m = relax.smin(V, lv, tau)
-        return m, (m / lv) ** (1.0 + 1.0 / tau)  # d smin(V, l) / dl
+        return m, (m / lv) ** (1.0 + 1.0 / tau) if slope else None  # d smin(V, l) / dl
+
+    def total(m, m2):
+        return (b * m).sum(-1) if m2 is None else (b * ((1.0 - e) * m + e * m2)).sum(-1)
 
     m, dm = part(L)
-    if L_s is None:
-        return (b * m).sum(-1), (b * dm).sum(-1)
-    m2, dm2 = part(torch.clamp(L - L_s, min=floor))  # a late robot's level runs from L_s
-    return (b * ((1.0 - e) * m + e * m2)).sum(-1), (b * ((1.0 - e) * dm + e * dm2)).sum(-1)
+    # a late robot's level runs from L_s
+    m2, dm2 = (None, None) if L_s is None else part(torch.clamp(L - L_s, min=floor))
+    return total(m, m2), total(dm, dm2) if slope else None
 
 
 def _level_root(f, target, lo, cap):
@@ -406,7 +410,7 @@ def _reshared_qa(x, w, cum, mass_before, snr_lin, n, sn, rate, cfg: CellConfig, 
     part = cum / rate.unsqueeze(-1) if hard else frac * span.unsqueeze(-1)
     level = (start.unsqueeze(-1) + part).unsqueeze(-1)  # [E, R, A, 1]
     wide = (Vb[:, None, None, :], b[:, None, None, :], e[:, None, None, :])  # against the cell's robots
-    m, _ = _served_s(*wide, level, L_s[:, None, None, :], tau, floor)  # [E, R, A]
+    m, _ = _served_s(*wide, level, L_s[:, None, None, :], tau, floor, slope=False)  # [E, R, A]
     level = level.squeeze(-1)
     L_s3, sn3 = L_s.unsqueeze(-1), sn.unsqueeze(-1)
     after = level > L_s3 if hard else relax.soft_ge(level, L_s3.expand_as(level), tau)

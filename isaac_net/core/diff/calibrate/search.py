@@ -212,10 +212,7 @@ def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: in
     _check_model(mode, sends)
     check_load_spread(load_spread, sends)  # before the fit's minutes, not after
     check_backlog_closure(mf_backlog_closure, mode, sends)
-    check_reshare(qa_reshare, mode)
-    if mf_backlog_closure and qa_reshare > 0:
-        raise ValueError(f"qa_reshare: expected 0 with mf_backlog_closure (the closure's service holds each "
-                         f"robot's share), got {qa_reshare!r}")
+    check_reshare(qa_reshare, mode, mf_backlog_closure)
     if level != "L2-legacy":
         raise ValueError(f"level: calibrations are fitted to 'L2-legacy', got {level!r}")
     cfg = CellConfig() if cfg is None else cfg

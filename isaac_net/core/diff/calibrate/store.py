@@ -13,7 +13,7 @@ import math
 import warnings
 from pathlib import Path
 
-from isaac_net.core.config import CALIBRATED_FIELDS, PHYSICAL_RANGES, CellConfig
+from isaac_net.core.config import CALIBRATED_FIELDS, PHYSICAL_RANGES, RESHARE_WITH_CLOSURE_WHY, CellConfig
 from isaac_net.core.diff.calibrate.targets import (
     _check_points,
     _is_integer,
@@ -52,13 +52,17 @@ def _check_in_range(name: str, value) -> None:
         raise ValueError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {value!r}")
 
 
-def check_reshare(reshare, mode: str) -> None:
+def check_reshare(reshare, mode: str, closure: bool = False) -> None:
     """Refuse a re-shared share of an idle robot's time (``CellConfig.qa_reshare``) outside the cell's
     range for it (``config.PHYSICAL_RANGES``), or one > 0 for another mode than QA (it lives in QA's
-    interval): a ValueError naming ``qa_reshare``."""
+    interval) or with the backlog closure ``closure`` (``CellConfig.mf_backlog_closure``): a
+    ValueError naming ``qa_reshare``."""
     _check_in_range("qa_reshare", reshare)
     if reshare > 0 and mode != "QA":
         raise ValueError(f"qa_reshare: a share of QA's interval; expected 0 for mode {mode!r}, "
+                         f"got {reshare!r}")
+    if reshare > 0 and closure:
+        raise ValueError(f"qa_reshare: expected 0 with mf_backlog_closure ({RESHARE_WITH_CLOSURE_WHY}), "
                          f"got {reshare!r}")
 
 
@@ -150,7 +154,7 @@ class Calibration:
                              f"got {req!r}")
         check_load_spread(self.load_spread, self.sends)
         check_backlog_closure(self.mf_backlog_closure, self.mode, self.sends)
-        check_reshare(self.qa_reshare, self.mode)
+        check_reshare(self.qa_reshare, self.mode, self.mf_backlog_closure)
 
     @property
     def constants(self) -> dict:
@@ -368,7 +372,8 @@ def _check_fields(kw: dict, source: str) -> None:
         _checked_field(source, "mf_backlog_closure", check_backlog_closure, kw["mf_backlog_closure"],
                        kw["mode"], kw["sends"])
     if "qa_reshare" in kw:
-        _checked_field(source, "qa_reshare", check_reshare, kw["qa_reshare"], kw["mode"])
+        _checked_field(source, "qa_reshare", check_reshare, kw["qa_reshare"], kw["mode"],
+                       kw.get("mf_backlog_closure", False))
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
