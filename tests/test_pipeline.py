@@ -1966,6 +1966,14 @@ def test_a_stage_writes_its_csv_beside_its_json(tmp_path):
     rec = data["provenance"]["inputs"]
     assert "benchmarks/diff/_tables.py" in rec["files"]  # the modules the stage imported
     assert _hashes.sealed(data, rec)
+    import numba
+    import numpy as np
+
+    # the numeric stack it ran on, beside torch and the CPU (docs/design.md, section 7)
+    assert data["provenance"]["packages"]["numpy"] == np.__version__
+    assert data["provenance"]["packages"]["numba"] == numba.__version__
+    assert data["provenance"]["packages"]["pandas"] == pd.__version__
+    assert set(data["provenance"]["packages"]) == set(_common.PACKAGES)
 
 
 def test_cost_discrete_row_keeps_fewer_passes_once_they_add_up_to_repeat_time_s():

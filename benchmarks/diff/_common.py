@@ -51,6 +51,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The numeric stack beside torch whose versions a stage records: L2-legacy's finite differences
+#: move in their third digit with another machine's rounding (docs/design.md, section 7), so a page
+#: names what it ran on.
+PACKAGES = ("numpy", "numba", "llvmlite", "scipy", "pandas", "cma", "optuna")
+
+
+def package_versions() -> dict:
+    """``{name: version}`` of :data:`PACKAGES` as installed (None for one that is not)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def device_name(device: str) -> str:
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -142,6 +161,7 @@ class Stage:
             "git_dirty": bool(status) if status is not None else None,
             "python": platform.python_version(),
             "torch": torch.__version__,
+            "packages": package_versions(),
             "device": self.device,
             "device_name": device_name(self.device),
             "torch_threads": torch.get_num_threads(),
