@@ -1396,6 +1396,39 @@ def test_qa_reshared_time_equals_the_discrete_level_at_tau_zero(case, a):
     assert (ref["delay_sum"] - static["delay_sum"]).abs().max() > 1e-3  # steps
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_finish_time_sums_by_sorted_prefix_sums_equal_the_sums_over_robot_pairs(seed):
+    """``model._served_at`` (sorted prefix sums) against the sums over robot pairs it replaces,
+    ``sum_j b_j ((1 - e_j) min(V_j, l) + e_j min(V_j, (l - L_s)+))``, in value and in the gradients
+    of a random weighting with respect to V, b, e, the levels and L_s (float64; ties in V and
+    levels at a V included, where both sides take the same one-sided slope)."""
+    from isaac_net.core.diff.model import _served_at
+
+    g = torch.Generator().manual_seed(seed)
+    E, R, A = 5, 7, 4
+    V = torch.rand(E, R, generator=g, dtype=F64)
+    V[:, 1] = V[:, 0]  # a tie
+    b, e = torch.rand(E, R, generator=g, dtype=F64), torch.rand(E, R, generator=g, dtype=F64)
+    levels = 1.2 * torch.rand(E, R, A, generator=g, dtype=F64)
+    levels[:, 0, 0] = V[:, 2] + 1e-3  # just above a robot's need
+    L_s = 0.3 * torch.rand(E, 1, generator=g, dtype=F64)
+    w = torch.randn(E, R, A, generator=g, dtype=F64)
+    args = [t.clone().requires_grad_() for t in (V, b, e, levels, L_s)]
+
+    def pairs(V, b, e, levels, L_s):
+        q, Vw, bw, ew = levels.unsqueeze(-1), V[:, None, None, :], b[:, None, None, :], e[:, None, None, :]
+        late = torch.minimum(Vw, torch.clamp(q - L_s[:, None, None, :], min=0.0))
+        return (bw * ((1.0 - ew) * torch.minimum(Vw, q) + ew * late)).sum(-1)
+
+    got = _served_at(*args)
+    ref = pairs(*args)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+    g_got = torch.autograd.grad((w * got).sum(), args)
+    g_ref = torch.autograd.grad((w * ref).sum(), args)
+    for a_, b_ in zip(g_got, g_ref, strict=True):
+        torch.testing.assert_close(a_, b_, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed):
     """With ``qa_reshare`` QAD runs through autograd of ``_step`` (the fused node has no re-shared
