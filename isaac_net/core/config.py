@@ -126,13 +126,13 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(CellConfig)}
 #: Transmit power, dBm (10 nW .. 1 kW): the range every level and DiffFluid accept as an input too.
 TX_DBM_RANGE = (-50.0, 60.0)
 
-#: The physical range of each constant, ``(lo, hi, unit)``: generous around any real cell, and
-#: narrow enough that the models stay finite in float32 (gradients included) and their buffers
-#: allocate. Out of it a ValueError naming the field (``_RANGE_WHY`` says why the bound).
 #: Why a share of an idle robot's time cannot go with QAD's backlog closure (CellConfig's words and
 #: the calibration's, ``calibrate.store.check_reshare``).
 RESHARE_WITH_CLOSURE_WHY = "the closure's service holds each robot's share"
 
+#: The physical range of each constant, ``(lo, hi, unit)``: generous around any real cell, and
+#: narrow enough that the models stay finite in float32 (gradients included) and their buffers
+#: allocate. Out of it a ValueError naming the field (``_RANGE_WHY`` says why the bound).
 PHYSICAL_RANGES = {
     "step_s": (1e-6, 60.0, " s"),
     "num_slots": (1, 10_000, " slots"),
