@@ -1,7 +1,8 @@
 """Probes (25) and (26): QAD with a service between QA's static share (a robot's share of the band
 held for the step) and probe (19)'s time re-shared one (a drained robot's time goes to the others),
 refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile
-(1/0) and the variant:
+(1/0) and the variant; START (environment, optional): a calibration file whose R = 8 fit is kept (the
+continuation alone; probe (28)):
 - 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
   (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
   (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
@@ -42,7 +43,11 @@ closure = bool(params["mf_backlog_closure"]) and sends == "mean_field"
 committed = calibrate.Calibration.load(f"{res}/calibration.json", mode="QA", sends=sends)
 ref = int(params["ref_R"])
 fitted = {}
+if os.environ.get("START"):
+    fitted[ref] = calibrate.Calibration.load(os.environ["START"], mode="QA", sends=sends).at(ref)
 for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref):
+    if R in fitted:
+        continue
     t0 = time.perf_counter()
     cal = calibrate.fit_size("QA", sends, R=R, neighbour=None if nb is None else fitted[nb],
                              grid=C.point_set(params, R, "train"), heldout=C.point_set(params, R, "heldout"),
