@@ -1,7 +1,9 @@
 """Probe (20): a calibration's QAD gradients at every sensitivity point, against the committed
 L2-legacy FD rows (sensitivity/op_*.json): sign agreement, median ratio, within x2 per point group.
 argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 're' (probe (26):
-docs/probes/26/reshare.py, the share from the environment's RESHARE) or 'old', ops (comma) or all."""
+docs/probes/26/reshare.py, the share from the environment's RESHARE), 'pool' (probe (29):
+docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's) or
+'old', ops (comma) or all."""
 import json, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/probe")
 import numpy as np, torch, yaml
@@ -11,6 +13,9 @@ if sys.argv[3] == "new":
 elif sys.argv[3] == "re":
     sys.path.insert(0, "/tmp/p26")
     import reshare  # noqa: F401
+elif sys.argv[3] == "pool":
+    sys.path.insert(0, "/work/main/docs/probes/29")
+    import pool  # noqa: F401
 elif sys.argv[3].startswith("poisson") or sys.argv[3] == "cond":
     sys.path.insert(0, "/tmp/p20")
     import cond_patch
@@ -42,6 +47,6 @@ for name in ops:
     for r in rows:
         g = grads[(r["kpi"], r["input"])].numpy()
         out.append({"kpi": r["kpi"], "input": r["input"], "sig": r["fd_significant"], "fd": r["fd_mean"],
-                    "old": r["grad_mean"], "new": float(g.mean())})
+                    "old": r["grad_mean"], "new": float(g.mean()), "new_sd": float(g.std())})
     print(json.dumps({"op": name, "R": R, "held_out": bool(op.get("held_out", False)), "tag": tag,
                       "rows": out, "s": time.perf_counter() - t0}), flush=True)

@@ -8,7 +8,9 @@ continuation alone; probe (28)):
   (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
 - 'patch' (26): reshare.py's rule (a robot not being served leaves the share alpha of its time to
   the others) patched into QAD's service: what the share 0.5 ran as;
-- 'product' (26): the same rule through the stage's fit_size(qa_reshare=alpha)."""
+- 'product' (26): the same rule through the stage's fit_size(qa_reshare=alpha);
+- 'pool' (29): docs/probes/29/pool.py's rule (the share alpha of the band's time pooled among the
+  robots being served) in place of the product's, through the same fit_size(qa_reshare=alpha)."""
 import dataclasses, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
@@ -30,8 +32,11 @@ elif VARIANT == "mix":
         return tuple((1.0 - ALPHA) * a + ALPHA * b for a, b in zip(static, wc, strict=True))
 
     model.MODES["QA"] = dataclasses.replace(model.MODES["QA"], service=mixed, fused_step=None)
+elif VARIANT == "pool":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "29"))
+    import pool  # noqa: F401  (patches model._reshared_qa)
 elif VARIANT != "product":
-    raise ValueError(f"variant: expected 'mix', 'patch' or 'product', got {VARIANT!r}")
+    raise ValueError(f"variant: expected 'mix', 'patch', 'product' or 'pool', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
@@ -55,7 +60,7 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
                              targets=C._kpis([f"{res}/calibrate/targets_train_R{R}.json"], (R,))[R],
                              heldout_targets=C._kpis([f"{res}/calibrate/targets_heldout_R{R}.json"], (R,))[R],
                              progress=False, load_spread=spread, mf_backlog_closure=closure,
-                             qa_reshare=ALPHA if VARIANT == "product" else 0.0, **kw)
+                             qa_reshare=ALPHA if VARIANT in ("product", "pool") else 0.0, **kw)
     fitted[R] = cal
     c, o = cal.to_dict(), committed.at(R).to_dict()
     print(f"{VARIANT} {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "
