@@ -2,7 +2,8 @@
 held for the step) and probe (19)'s time re-shared one (a drained robot's time goes to the others),
 refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile
 (1/0) and the variant; START (environment, optional): a calibration file whose R = 8 fit is kept (the
-continuation alone; probe (28)):
+continuation alone; probe (28)); MIN_ENVS (optional): at least this many cells a point through the
+model at every size (probe (30)); OUT (optional): the calibration file written:
 - 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
   (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
   (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
@@ -43,6 +44,10 @@ from isaac_net.core.diff import calibrate
 params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
 res = "/work/main/benchmarks/diff/results/full"
 kw = {**C._fit_kwargs(params), "compile": sys.argv[4] == "1"}
+if os.environ.get("MIN_ENVS"):
+    from isaac_net.core.diff.calibrate import fleet as _fleet
+    _envs_for, _least = _fleet.model_envs_for, int(os.environ["MIN_ENVS"])
+    _fleet.model_envs_for = lambda R, robots, envs, spread=0.0: min(int(envs), max(_envs_for(R, robots, envs, spread), _least))
 spread = float(params["load_spread"]["QA"]) if sends == "mean_field" else 0.0
 closure = bool(params["mf_backlog_closure"]) and sends == "mean_field"
 committed = calibrate.Calibration.load(f"{res}/calibration.json", mode="QA", sends=sends)
@@ -69,4 +74,4 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
           f"{o['sr_slots']} tau {o['tau']:.3g} train {o['train_loss']:.4f} held {o['heldout_loss']:.3f} | "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     calibrate.FleetCalibration("QA", sends, tuple(fitted[r] for r in sorted(fitted))).save(
-        f"/tmp/cal_{VARIANT}{ALPHA}_{sends}.json")
+        os.environ.get("OUT", f"/tmp/cal_{VARIANT}{ALPHA}_{sends}.json"))

@@ -1,0 +1,27 @@
+"""Probe (30): a QAD relaxed calibration's training and held-out losses at every fitted size with the
+model run on all 16 cells of each point (the cells of L2-legacy's targets), where the fits run about
+32 robots a point (one cell at R = 32 and 64): the loss the constants have in expectation over the
+cells and send paths, on training points only (and the held-out loss for the record).
+argv: calibration files. Prints one line per file and size: own training / held-out loss."""
+import os, sys
+sys.path.insert(0, "/work/main/benchmarks/diff")
+import torch, yaml
+torch.set_num_threads(1)
+import calibrate as C
+from isaac_net.core.diff import calibrate
+
+params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
+res = "/work/main/benchmarks/diff/results/full"
+sizes = [int(r) for r in params["R"]]
+kw = {**C._fit_kwargs(params), "model_robots": int(os.environ.get("ROBOTS", 16 * max(sizes)))}
+grids = {part: {R: C.point_set(params, R, part) for R in sizes} for part in ("train", "heldout")}
+targets = {part: {R: C._kpis([f"{res}/calibrate/targets_{part}_R{R}.json"], (R,))[R] for R in sizes}
+           for part in ("train", "heldout")}
+for path in sys.argv[1:]:
+    fc = calibrate.Calibration.load(path, mode="QA", sends="relaxed")  # a FleetCalibration
+    out = {part: calibrate.fleet.size_losses(fc, ref_R=int(params["ref_R"]), grids=grids[part],
+                                             targets=targets[part], **kw) for part in ("train", "heldout")}
+    for tr, he in zip(out["train"], out["heldout"], strict=True):
+        print(f"{os.path.basename(path)} R {tr['R']}: training {tr['own']:.4f} held-out {he['own']:.4f}", flush=True)
+    print(f"{os.path.basename(path)} sum: training {sum(r['own'] for r in out['train']):.4f} held-out "
+          f"{sum(r['own'] for r in out['heldout']):.4f}", flush=True)
