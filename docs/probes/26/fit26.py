@@ -36,8 +36,11 @@ elif VARIANT == "mix":
 elif VARIANT == "pool":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "29"))
     import pool  # noqa: F401  (patches model._reshared_qa)
+elif VARIANT == "crowd":  # probe (30) (e): QAD's rate over smax(n, 1)^BETA (BETA from the environment)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "30"))
+    import crowd  # noqa: F401  (patches model.MODES["QA"])
 elif VARIANT != "product":
-    raise ValueError(f"variant: expected 'mix', 'patch', 'product' or 'pool', got {VARIANT!r}")
+    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool' or 'crowd', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
