@@ -2,8 +2,8 @@
 L2-legacy FD rows (sensitivity/op_*.json): sign agreement, median ratio, within x2 per point group.
 argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 're' (probe (26):
 docs/probes/26/reshare.py, the share from the environment's RESHARE), 'pool' (probe (29):
-docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's) or
-'old', ops (comma) or all."""
+docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's),
+'crowd' (probe (30): docs/probes/30/crowd.py, BETA from the environment) or 'old', ops (comma) or all."""
 import json, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/probe")
 import numpy as np, torch, yaml
@@ -13,6 +13,9 @@ if sys.argv[3] == "new":
 elif sys.argv[3] == "re":
     sys.path.insert(0, "/tmp/p26")
     import reshare  # noqa: F401
+elif sys.argv[3] == "crowd":  # probe (30) (e), BETA from the environment
+    sys.path.insert(0, "/work/main/docs/probes/30")
+    import crowd  # noqa: F401
 elif sys.argv[3] == "pool":
     sys.path.insert(0, "/work/main/docs/probes/29")
     import pool  # noqa: F401

@@ -2,11 +2,15 @@
 model run on all 16 cells of each point (the cells of L2-legacy's targets), where the fits run about
 32 robots a point (one cell at R = 32 and 64): the loss the constants have in expectation over the
 cells and send paths, on training points only (and the held-out loss for the record).
-argv: calibration files. Prints one line per file and size: own training / held-out loss."""
+argv: calibration files; PATCH (environment, optional): a module of this folder to import first
+(`crowd`, with BETA). Prints one line per file and size: own training / held-out loss."""
 import os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff")
 import torch, yaml
 torch.set_num_threads(1)
+if os.environ.get("PATCH"):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    __import__(os.environ["PATCH"])
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
