@@ -1,37 +1,12 @@
 """Probe (30) (e): QAD's rate divided by ``smax(n, 1)^BETA`` (``n`` the robots backlogged): a cell's
 capacity that falls with the robots it serves at once, as L2-legacy's per-robot costs (requests,
-grants, retransmissions) would make it, against the capacity factor's level. QA's static share
-otherwise (``model._service_qa`` without the backlog closure or the re-shared time, copied with the one
-line). Patches ``model.MODES["QA"]`` (off the fused node: the reference step). BETA from the environment."""
-import dataclasses, os
+grants, retransmissions) would make it, against the capacity factor's level (``scaled.py``, which
+patches ``model.MODES["QA"]``). BETA from the environment (or set ``crowd.BETA``)."""
+import os
+import sys
 
-import torch
-
-from isaac_net.core.diff import model, relax
-from isaac_net.core.diff.model import _fifo_cum, _n_busy, on_air_s
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scaled  # noqa: E402
 
 BETA = float(os.environ.get("BETA", "0"))
-
-
-def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
-    cum = _fifo_cum(x)
-    n = _n_busy(w, tau)
-    sn = relax.smax(n, 1.0, tau)
-    share = cfg.num_subbands / sn
-    if relax.is_hard(tau):
-        alloc = torch.minimum(share, headroom)
-    else:
-        alloc = headroom * relax.smin_const(share / headroom, 1.0, tau)
-    gain = relax.harmonic(n)
-    se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
-    rate = alloc * se * cfg.bytes_per_se_s * sn ** (-BETA)  # the probe's one change
-    rate = torch.where(rate > 0, rate, 1.0)
-    sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
-    avail_s = cfg.step_s - sr_s
-    served = rate * avail_s
-    c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
-    finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
-    return c, c * finish_s / cfg.step_s, served, on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate, n_busy=n), rest
-
-
-model.MODES["QA"] = dataclasses.replace(model.MODES["QA"], service=service, fused_step=None)
+scaled.SCALE[0] = lambda alloc, sn: sn ** (-BETA)
