@@ -323,7 +323,11 @@ def sensitivity_artifact() -> dict:
                                  "fd_step_p": 0.05, "R": 8, "sizes_bytes": op["sizes_bytes"],
                                  "tx_dbm": op["tx_dbm"], "area_m": op["area_m"],
                                  "L2": {"delay": 2.26, "delivery": 0.983, "AoI": 3.47, "energy": 1e-3},
-                                 "models": {}}})
+                                 # the calibrated model's KPIs at one point only: the page's delay table
+                                 # prints a dash where a point has none
+                                 "models": ({"L1D rb cal": {"delay": 2.71, "delivery": 0.95, "AoI": 3.9,
+                                                            "energy": 1e-3}}
+                                            if op["name"] == "heavy" else {})}})
     payload = sensitivity.merge(params, parts, {("L1", "rb"): None})
     return json.loads(json.dumps({**payload, "provenance": _prov("sensitivity", params)}))
 
@@ -654,6 +658,16 @@ def test_sensitivity_bar_checks_each_model_at_each_size_and_names_what_misses(tm
     text = section(build_page(tmp_path / "holds", arts), "## Sensitivity against L2-legacy")
     assert "in size (median ratio in [0.5, 2]): it holds (sign agreement 0.9–1, median ratios 0.8–2)." in text
     assert "it does not hold" not in text
+
+
+def test_sensitivity_section_tabulates_each_calibrated_models_delay_beside_l2_legacys(tmp_path):
+    """The delay table (the sensitivity stage's ``values``: L2-legacy's and each calibrated model's mean
+    delay at each point): one row per point, a column per calibrated model, a dash where a point
+    recorded no value for it."""
+    sens = section(build_page(tmp_path, fixture_artifacts()), "## Sensitivity against L2-legacy")
+    assert "| point | robots per cell | L2-legacy | L1D rb cal | " in sens
+    assert "| heavy | 8 | 2.26 | 2.71 | " in sens
+    assert "| far | 8 | 2.26 | – | " in sens
 
 
 def test_numbers_land_in_their_sections(tmp_path):
