@@ -3,7 +3,8 @@ held for the step) and probe (19)'s time re-shared one (a drained robot's time g
 refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, sizes (comma), compile
 (1/0) and the variant; START (environment, optional): a calibration file whose R = 8 fit is kept (the
 continuation alone; probe (28)); MIN_ENVS (optional): at least this many cells a point through the
-model at every size (probe (30)); OUT (optional): the calibration file written:
+model at every size (probe (30)); REQ (optional): QAD's headroom requirement held at this value, dB
+(probe (30)); OUT (optional): the calibration file written:
 - 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
   (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
   (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
@@ -47,6 +48,8 @@ from isaac_net.core.diff import calibrate
 params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
 res = "/work/main/benchmarks/diff/results/full"
 kw = {**C._fit_kwargs(params), "compile": sys.argv[4] == "1"}
+if os.environ.get("REQ"):
+    params["search"]["qa_snr_req_db"] = [float(os.environ["REQ"])]
 if os.environ.get("MIN_ENVS"):
     from isaac_net.core.diff.calibrate import fleet as _fleet
     _envs_for, _least = _fleet.model_envs_for, int(os.environ["MIN_ENVS"])

@@ -2,12 +2,15 @@
 service varying per step (svcvar.py, SIGMA), its capacity factor scaled until its mean delay is
 L2-legacy's there; then its d delay / d p and d AoI / d p (the sensitivity stage's model_gradients, the
 stage's replicates and send uniforms). argv: point name, L2-legacy's mean delay there (steps), sigmas;
-CAL (environment, optional): another calibration file than the page's."""
+CAL (environment, optional): another calibration file than the page's; PATCH=crowd (with BETA): crowd.py's
+rate in place of svcvar.py's (SIGMAS then 0 only)."""
 import dataclasses, math, os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
 torch.set_num_threads(1)
 import svcvar
+if os.environ.get("PATCH") == "crowd":
+    import crowd  # noqa: F401  (its factor replaces svcvar's)
 import sensitivity as S
 from _common import cell_config
 from isaac_net.core.diff.calibrate import Calibration
