@@ -4,7 +4,7 @@ argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 
 docs/probes/26/reshare.py, the share from the environment's RESHARE), 'pool' (probe (29):
 docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's),
 'crowd' (probe (30): docs/probes/30/crowd.py, BETA from the environment) or 'old', ops (comma) or all."""
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/probe")
 import numpy as np, torch, yaml
 torch.set_num_threads(1)
@@ -14,10 +14,10 @@ elif sys.argv[3] == "re":
     sys.path.insert(0, "/tmp/p26")
     import reshare  # noqa: F401
 elif sys.argv[3] == "crowd":  # probe (30) (e), BETA from the environment
-    sys.path.insert(0, "/work/main/docs/probes/30")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "30"))
     import crowd  # noqa: F401
 elif sys.argv[3] == "pool":
-    sys.path.insert(0, "/work/main/docs/probes/29")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "29"))
     import pool  # noqa: F401
 elif sys.argv[3].startswith("poisson") or sys.argv[3] == "cond":
     sys.path.insert(0, "/tmp/p20")

@@ -1,7 +1,7 @@
 """Probe (29) checks: the pooled interval (pool.py) against (a) the product's re-shared interval at
 a = 1 (both are probe (19)'s rule there), (b) QA's static share as a -> 0, (c) an event-by-event
 simulation of the pool at tau = 0 (each robot's drain time)."""
-import dataclasses, os, sys
+import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np, torch
 torch.set_num_threads(1)
