@@ -281,6 +281,16 @@ def fleet_opt_artifact() -> dict:
     return json.loads(json.dumps(art))
 
 
+#: A point's optimum (``sensitivity.optimum``'s output): the calibrated model's least AoI inside the
+#: grid, the uncalibrated one's at the grid's end.
+OPTIMUM_FAR = {"kpi": "AoI", "p": [0.15, 0.3, 0.6],
+               "L2": {"curve": [4.0, 3.5, 5.0], "best_p": 0.31, "inside": True, "at_best": 3.49},
+               "models": {"L1D rb": {"curve": [6.0, 5.0, 4.0], "best_p": 0.6, "inside": False,
+                                     "L2_at_best": 5.0, "L2_lost": 0.4327},
+                          "L1D rb cal": {"curve": [4.2, 3.6, 5.5], "best_p": 0.28, "inside": True,
+                                         "L2_at_best": 3.52, "L2_lost": 0.0086}}}
+
+
 def sensitivity_artifact() -> dict:
     """A sensitivity artifact made by the stage's own ``merge`` from two synthetic points: one
     calibrated model agreeing with the FD, its uncalibrated self off by a factor 20 and with
@@ -327,7 +337,10 @@ def sensitivity_artifact() -> dict:
                                  # prints a dash where a point has none
                                  "models": ({"L1D rb cal": {"delay": 2.71, "delivery": 0.95, "AoI": 3.9,
                                                             "energy": 1e-3}}
-                                            if op["name"] == "heavy" else {})}})
+                                            if op["name"] == "heavy" else {}),
+                                 # where AoI is least in p at the held-out point only (the page's table
+                                 # of least AoI lists the points that ask for it)
+                                 **({"optimum": OPTIMUM_FAR} if op["name"] == "far" else {})}})
     payload = sensitivity.merge(params, parts, {("L1", "rb"): None})
     return json.loads(json.dumps({**payload, "provenance": _prov("sensitivity", params)}))
 
@@ -589,6 +602,21 @@ def test_sensitivity_page_splits_an_aoi_sign_miss_into_the_delay_slope_and_the_a
             "d p is 2.") in text
     assert "L1D rb cal at far, d delay / d tx dB (model -2.2 against FD 2)" in text
     assert text.count("against an age term") == 1
+
+
+def test_sensitivity_page_tabulates_where_each_model_puts_the_least_aoi_and_what_following_it_costs(tmp_path):
+    """The table of least AoI lists the points that ask for it (not the others), L2-legacy's p and each
+    calibrated model's with what following it gives up on L2-legacy, in percent; a p at the grid's end
+    is marked."""
+    arts = fixture_artifacts()
+    text = section(build_page(tmp_path, arts), "## Sensitivity against L2-legacy")
+    assert "| far | 8 | 0.3 | 0.31 | 0.28 (0.86 %) |" in text
+    assert "| heavy | 8 | 0.5 |" not in text
+    assert "the point's p times each of 3 factors" in text
+    far = next(v for v in arts["sensitivity"]["values"] if v["op"] == "far")
+    far["optimum"]["models"]["L1D rb cal"].update(best_p=0.6, inside=False, L2_lost=0.43)
+    text = section(build_page(tmp_path / "end", arts), "## Sensitivity against L2-legacy")
+    assert "| far | 8 | 0.3 | 0.31 | 0.6 (end) (43 %) |" in text
 
 
 def test_sensitivity_metrics_count_a_row_without_an_interval_as_not_covering_one():

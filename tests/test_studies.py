@@ -62,6 +62,57 @@ def test_sensitivity_runs_and_reports_every_row():
     assert {r["verdict"] for r in out["rows"]} <= set(sensitivity.VERDICTS)
 
 
+def test_least_p_is_the_vertex_of_a_parabola_in_log_p_and_flags_the_grids_end():
+    ps = [0.1, 0.15, 0.2, 0.3, 0.4]
+    best = 0.22
+    vals = [(math.log(p) - math.log(best)) ** 2 + 3.0 for p in ps]
+    p, inside = sensitivity.least_p(ps, vals)
+    assert inside and p == pytest.approx(best, rel=1e-9)
+    assert sensitivity.least_p(ps, [5.0, 4.0, 3.0, 2.0, 1.0]) == (0.4, False)  # falls to the end
+    assert sensitivity.least_p(ps, [1.0, 2.0, 3.0, 4.0, 5.0]) == (0.1, False)
+    p, inside = sensitivity.least_p(ps, [2.0, 1.0, 1.0, 1.0, 2.0])  # a tie: its first value and neighbours
+    assert inside and 0.15 < p < 0.2
+    for bad_ps, bad_vals in (([0.1, 0.2], [1.0, 2.0]), ([0.2, 0.1, 0.3], [1.0, 0.0, 1.0]),
+                             ([0.1, 0.2, 0.3], [1.0, math.nan, 1.0]), ([0.0, 0.1, 0.2], [1.0, 0.0, 1.0])):
+        with pytest.raises(ValueError, match="ps, values"):
+            sensitivity.least_p(bad_ps, bad_vals)
+
+
+def test_sensitivity_optimum_grid_refuses_what_it_cannot_run():
+    op = {"name": "heavy", "p": 0.5}
+    params = tiny("sensitivity", optimum={"kpi": "mean_aoi", "factors": [0.5, 1.0, 2.0]})
+    assert sensitivity.optimum_grid(params, op) == [0.25, 0.5, 1.0]
+    for spec, match in ((None, "sensitivity.optimum:"),
+                        ({"kpi": "aoi", "factors": [0.5, 1.0, 1.5]}, "optimum.kpi"),
+                        ({"kpi": "mean_aoi", "factors": [1.0, 0.5, 1.5]}, "optimum.factors"),
+                        ({"kpi": "mean_aoi", "factors": [0.5, 1.0]}, "optimum.factors"),
+                        ({"kpi": "mean_aoi", "factors": [0.5, 1.0, 2.1]}, "keeps p <= 1")):
+        with pytest.raises(ValueError, match=match):
+            sensitivity.optimum_grid({**params, "optimum": spec}, op)
+
+
+def test_sensitivity_optimum_runs_each_p_on_the_points_own_replicates():
+    """The curve of least AoI at factor 1 is the point's own KPI, on the level and on each model (the
+    same replicates, engine seed and send uniforms); what following a model gives up is the level's
+    KPI at the model's p over its KPI at its own, less one."""
+    heavy = [{**op, "optimum": True} for op in CI["sensitivity"]["ops"] if op["name"] == "heavy"]
+    params = tiny("sensitivity", level="L1", n_seeds=3, T=8, warmup=1, modes=["QA"], sends=["rb"], n_boot=20,
+                  ops=heavy, optimum={"kpi": "mean_aoi", "factors": [0.4, 0.7, 1.0, 1.4, 1.9]})
+    part = sensitivity.compute_op(params, "heavy", {}, progress=False)
+    v, o = part["values"], part["values"]["optimum"]
+    assert o["kpi"] == "AoI" and o["p"] == pytest.approx([0.2, 0.35, 0.5, 0.7, 0.95])
+    assert o["L2"]["curve"][2] == v["L2"]["AoI"]
+    assert o["models"]["QAD rb"]["curve"][2] == pytest.approx(v["models"]["QAD rb"]["AoI"], rel=1e-6)
+    assert o["L2"]["curve"][0] != o["L2"]["curve"][4]  # p moves the KPI
+    for who in [o["L2"], *o["models"].values()]:
+        assert 0.2 <= who["best_p"] <= 0.95 and isinstance(who["inside"], bool)
+    m = o["models"]["QAD rb"]
+    assert m["L2_lost"] == pytest.approx(m["L2_at_best"] / o["L2"]["at_best"] - 1.0)
+    assert part["wall_optimum_s"] > 0
+    plain = {**params, "ops": [{**heavy[0], "optimum": False}]}
+    assert "optimum" not in sensitivity.compute_op(plain, "heavy", {}, progress=False)["values"]
+
+
 def test_sensitivity_runs_a_calibrated_model_at_its_own_temperature(monkeypatch):
     """The calibrated column runs the calibration's cell at ``cal.tau``; the plain one at the stage's tau."""
     from isaac_net.core import CellConfig

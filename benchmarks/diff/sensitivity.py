@@ -119,18 +119,23 @@ def replicate_kpis(res: dict, n_seeds: int) -> dict:
     return grouped_batch_kpis(res, n_seeds)
 
 
-def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
-    """Autograd derivatives ``{(kpi, input): [n_seeds]}`` and KPI values ``{kpi: [n_seeds]}``."""
+def model_kpis(base, x, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
+    """The model's per-replicate KPIs ``{kpi: [n_seeds]}`` at the decisions ``x`` (``inputs_at``'s), on
+    the base point's send uniforms (relaxed sends); differentiable in ``x``."""
     from isaac_net.core.diff import DiffFluid, rollout
 
     E, R = base["p"].shape
-    dev = base["p"].device
-    shift = {k: torch.zeros(n_seeds, dtype=base["p"].dtype, device=dev, requires_grad=True) for k in INPUTS}
-    x = inputs_at(base, shift, n_seeds)
-    net = DiffFluid(E, R, dev, mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
+    net = DiffFluid(E, R, base["p"].device, mode=mode, tau=tau, cfg=cfg, dtype=base["p"].dtype)
     res = rollout(net, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
                   sends=SEND_MODEL_OF_CODE[sends], u=base["u"] if sends == "rb" else None, lam=lam)
-    k = replicate_kpis(res, n_seeds)
+    return replicate_kpis(res, n_seeds)
+
+
+def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dict:
+    """Autograd derivatives ``{(kpi, input): [n_seeds]}`` and KPI values ``{kpi: [n_seeds]}``."""
+    dev = base["p"].device
+    shift = {k: torch.zeros(n_seeds, dtype=base["p"].dtype, device=dev, requires_grad=True) for k in INPUTS}
+    k = model_kpis(base, inputs_at(base, shift, n_seeds), mode, sends, n_seeds, T, warmup, tau, lam, cfg)
     grads = {}
     for i, kpi in enumerate(KPIS):
         g = torch.autograd.grad(k[kpi].sum(), [shift[n] for n in INPUTS], retain_graph=i < len(KPIS) - 1,
@@ -140,16 +145,24 @@ def model_gradients(base, mode, sends, n_seeds, T, warmup, tau, lam, cfg) -> dic
     return grads, {kpi: v.detach().cpu().double() for kpi, v in k.items()}
 
 
+def level_kpis(base, x, n_seeds, T, warmup, engine_seed, cfg, dtype, level) -> dict:
+    """The discrete level's per-replicate KPIs ``{kpi: [n_seeds]}`` (float64, CPU) at the decisions ``x``
+    (``inputs_at``'s) on the base point's send uniforms and the engine seed ``engine_seed``: every call
+    with the same base and seed shares the random numbers (positions, sends, fading, BLER)."""
+    from isaac_net.core.diff.reference import discrete_rollout
+
+    res = discrete_rollout(level, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
+                           u=base["u"], cfg=cfg, dtype=dtype, seed=engine_seed, device=base["p"].device)
+    return {k: v.cpu().double() for k, v in replicate_kpis(res, n_seeds).items()}
+
+
 def l2_fd(base, n_seeds, T, warmup, steps, engine_seed, cfg, dtype, level,
           progress=None) -> tuple[dict, dict]:
     """Central FD ``{(kpi, input): [n_seeds]}`` of ``level`` with CRN, and its KPIs at the base point."""
-    from isaac_net.core.diff.reference import discrete_rollout
 
     def kpis_at(shift):
-        x = inputs_at(base, shift, n_seeds)
-        res = discrete_rollout(level, T, x["p"], x["B"], pos=x["pos"], tx_dbm=x["tx_dbm"], warmup=warmup,
-                               u=base["u"], cfg=cfg, dtype=dtype, seed=engine_seed, device=base["p"].device)
-        return {k: v.cpu().double() for k, v in replicate_kpis(res, n_seeds).items()}
+        return level_kpis(base, inputs_at(base, shift, n_seeds), n_seeds, T, warmup, engine_seed, cfg, dtype,
+                          level)
 
     jobs = [(None, 0.0)] + [(name, sgn) for name in INPUTS for sgn in (1.0, -1.0)]
     it = jobs if progress is None else progress(jobs)
@@ -209,6 +222,8 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     per = int(op.get("envs_per_seed", params["envs_per_seed"]))
     R = int(op.get("R", params["R"]))
     steps = fd_steps_at(params, R)
+    if op.get("optimum"):
+        optimum_grid(params, op)  # a bad grid fails here, not after the finite differences
     models = [m for m in model_list(params) if not m[2] or (m[0], m[1]) in cals]
     # One stream per operating point, seeded by its name: a point's bootstrap depends neither on the
     # other points nor on their order (CRC-32, not hash(): the same in every process).
@@ -221,14 +236,18 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
     fd, l2_vals = l2_fd(base, n_seeds, T, warmup, steps, int(params["seed"]), cfg, dtype, params["level"],
                         progress=(lambda xs, desc=desc: bar(xs, desc=desc)) if progress else None)
     t1 = time.perf_counter()
-    grads, mvals = {}, {}
-    for mode, sends, calibrated in (models if not progress else bar(models, desc=f"models {op_name}")):
-        mcfg, tau = cfg, float(params["tau"])
+    setups = {}  # (mode, sends, calibrated) -> (the model's cell, its temperature)
+    for mode, sends, calibrated in models:
+        setups[(mode, sends, calibrated)] = cfg, float(params["tau"])
         if calibrated:  # the calibrated model for R robots per cell, at the temperature it was fitted at
             cal = cals[(mode, sends)].at(R)
-            mcfg, tau = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0])), cal.tau
-        grads[(mode, sends, calibrated)], mvals[(mode, sends, calibrated)] = model_gradients(
-            base, mode, sends, n_seeds, T, warmup, tau, float(params["lam"]), mcfg)
+            mcfg = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0]))
+            setups[(mode, sends, calibrated)] = mcfg, cal.tau
+    grads, mvals = {}, {}
+    for m in (models if not progress else bar(models, desc=f"models {op_name}")):
+        mcfg, tau = setups[m]
+        grads[m], mvals[m] = model_gradients(base, m[0], m[1], n_seeds, T, warmup, tau, float(params["lam"]),
+                                             mcfg)
     t2 = time.perf_counter()
     values = {"op": op_name, "held_out": bool(op.get("held_out", False)), "p": float(op["p"]), "R": R,
               "envs_per_seed": per, "fd_step_p": steps["p"],
@@ -264,8 +283,94 @@ def compute_op(params: dict, op_name: str, cals: dict, progress: bool = True, de
                                "ci": ("unbounded" if math.isinf(lo) else
                                       "none" if math.isnan(lo) else "bounded"),
                                "grad": g.tolist(), "fd": ref.tolist()})
+    t3 = time.perf_counter()
+    if op.get("optimum"):
+        labelled = {model_label(*m): (m[0], m[1], *setups[m]) for m in models}
+        values["optimum"] = optimum(params, op, base, labelled, cfg, dtype)
     return {"op": op_name, "values": values, "rows": detail, "wall_l2_fd_s": t1 - t0,
-            "wall_models_s": t2 - t1}
+            "wall_models_s": t2 - t1, "wall_optimum_s": time.perf_counter() - t3}
+
+
+def least_p(ps, values) -> tuple[float, bool]:
+    """Where a KPI given on an ascending grid of send probabilities is least: the vertex of the
+    parabola in log p through the grid's least value and its two neighbours, and whether it lies inside
+    the grid (the first of tied least values). At an end of the grid, where the least may lie beyond
+    it, that grid point and False.
+
+    :input ps: ``[n]`` send probabilities, ascending, > 0, n >= 3. :input values: ``[n]`` the KPI there.
+    """
+    ps, v = np.asarray(ps, dtype=float), np.asarray(values, dtype=float)
+    if ps.ndim != 1 or len(ps) < 3 or v.shape != ps.shape:
+        raise ValueError(f"ps, values: expected two 1-d sequences of the same length >= 3, got {ps.shape} "
+                         f"and {v.shape}")
+    if not (np.all(np.isfinite(v)) and np.all(np.isfinite(ps)) and ps[0] > 0 and np.all(np.diff(ps) > 0)):
+        raise ValueError(f"ps, values: expected ascending p > 0 and finite values, got {ps.tolist()} and "
+                         f"{v.tolist()}")
+    i = int(np.argmin(v))
+    if i in (0, len(ps) - 1):
+        return float(ps[i]), False
+    a, b, _ = np.polyfit(np.log(ps[i - 1:i + 2]), v[i - 1:i + 2], 2)
+    if not a > 0:
+        return float(ps[i]), False
+    return float(np.exp(-b / (2.0 * a))), True
+
+
+def optimum_grid(params: dict, op: dict) -> list[float]:
+    """The send probabilities of a point's optimum curve: its ``p`` times ``params["optimum"]["factors"]``."""
+    spec = params.get("optimum")
+    if not isinstance(spec, dict):
+        raise ValueError(f"sensitivity.optimum: point {op['name']!r} asks for its optimum, so the stage "
+                         f"needs {{kpi, factors}}, got {spec!r}")
+    if spec.get("kpi") not in KPIS:
+        raise ValueError(f"sensitivity.optimum.kpi: expected one of {list(KPIS)}, got {spec.get('kpi')!r}")
+    factors = [float(f) for f in spec.get("factors", [])]
+    ps = [float(op["p"]) * f for f in factors]
+    ascending = all(b > a for a, b in zip(factors, factors[1:], strict=False))
+    if len(ps) < 3 or factors[0] <= 0 or not ascending or ps[-1] > 1.0:
+        raise ValueError(f"sensitivity.optimum.factors: expected at least 3 ascending factors > 0 whose "
+                         f"largest keeps p <= 1 at point {op['name']!r} (p {op['p']}), got {factors}")
+    return ps
+
+
+def optimum(params: dict, op: dict, base: dict, setups: dict, cfg, dtype) -> dict:
+    """Where the KPI ``params["optimum"]["kpi"]`` is least in the send probability at a point, on the
+    level and on each model, and the level's KPI at each model's choice: what an optimiser of p that
+    follows the model gives up on the level.
+
+    Every p of the grid (``optimum_grid``) runs on the point's replicates (positions, sizes, send
+    uniforms, the level's engine seed): common random numbers along the curve. ``setups``:
+    ``{label: (mode, sends, cfg, tau)}`` of the models. The least of each curve is ``least_p``'s; the
+    level then runs again at each such p.
+
+    :output: ``{"kpi", "p": [n], "L2": {"curve": [n], "best_p", "inside", "at_best"}, "models": {label:
+        {"curve", "best_p", "inside", "L2_at_best", "L2_lost"}}}``, means over the replicates;
+        ``L2_lost``: the level's KPI at the model's p over its KPI at its own, minus one.
+    """
+    kpi, ps = params["optimum"]["kpi"], optimum_grid(params, op)
+    n_seeds, T, warmup = (int(params[k]) for k in ("n_seeds", "T", "warmup"))
+    x0 = inputs_at(base, {}, n_seeds)
+
+    def at(p):
+        return {**x0, "p": torch.full_like(x0["p"], p)}
+
+    def on_level(p):
+        return float(level_kpis(base, at(p), n_seeds, T, warmup, int(params["seed"]), cfg, dtype,
+                                params["level"])[kpi].mean())
+
+    curve = [on_level(p) for p in ps]
+    best, inside = least_p(ps, curve)
+    least = on_level(best)
+    out = {"kpi": KPI_LABEL[kpi], "p": ps,
+           "L2": {"curve": curve, "best_p": best, "inside": inside, "at_best": least}, "models": {}}
+    for label, (mode, sends, mcfg, tau) in setups.items():
+        with torch.no_grad():
+            mc = [float(model_kpis(base, at(p), mode, sends, n_seeds, T, warmup, tau, float(params["lam"]),
+                                   mcfg)[kpi].mean()) for p in ps]
+        mbest, minside = least_p(ps, mc)
+        there = on_level(mbest)
+        out["models"][label] = {"curve": mc, "best_p": mbest, "inside": minside, "L2_at_best": there,
+                                "L2_lost": there / least - 1.0}
+    return out
 
 
 def _metrics(rows: list[dict]) -> dict:
@@ -360,7 +465,8 @@ def merge(params: dict, parts: list[dict], cals: dict) -> dict:
                "points": len(parts), "held_out_points": sum(p["values"]["held_out"] for p in parts),
                "calibrated": bool(cals), "rows": len(table),
                "wall_l2_fd_s": sum(p["wall_l2_fd_s"] for p in parts),
-               "wall_models_s": sum(p["wall_models_s"] for p in parts)}
+               "wall_models_s": sum(p["wall_models_s"] for p in parts),
+               "wall_optimum_s": sum(p.get("wall_optimum_s", 0.0) for p in parts)}
     targets = []
     t = params.get("targets")
     if t:

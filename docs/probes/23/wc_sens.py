@@ -3,8 +3,10 @@ L2-legacy FD rows (sensitivity/op_*.json): sign agreement, median ratio, within 
 argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 're' (probe (26):
 docs/probes/26/reshare.py, the share from the environment's RESHARE), 'pool' (probe (29):
 docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's),
-'crowd' (probe (30): docs/probes/30/crowd.py, BETA from the environment) or 'old', ops (comma) or all."""
-import json, os, sys, time
+'crowd' (probe (30): docs/probes/30/crowd.py, BETA from the environment), 'slope' (probe (31):
+docs/probes/31/slope.py, SLOPE from the environment) or 'old'; SE_MAX (environment, optional): the
+model's spectral-efficiency cap (probe (31)), ops (comma) or all."""
+import dataclasses, json, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, "/tmp/probe")
 import numpy as np, torch, yaml
 torch.set_num_threads(1)
@@ -16,6 +18,9 @@ elif sys.argv[3] == "re":
 elif sys.argv[3] == "crowd":  # probe (30) (e), BETA from the environment
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "30"))
     import crowd  # noqa: F401
+elif sys.argv[3] == "slope":  # probe (31), SLOPE from the environment
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
+    import slope  # noqa: F401
 elif sys.argv[3] == "pool":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "29"))
     import pool  # noqa: F401
@@ -34,6 +39,8 @@ ops = list(S.ops_by_name(params)) if sys.argv[4] == "all" else sys.argv[4].split
 cal_all = Calibration.load(path, mode="QA", sends=S.SEND_MODEL_OF_CODE[sends])
 dtype = getattr(torch, params.get("dtype", "float32"))
 cfg = cell_config(params.get("cell", {}))
+if os.environ.get("SE_MAX"):  # probe (31) (b): the model's spectral-efficiency cap, b/s/Hz
+    cfg = dataclasses.replace(cfg, se_max=float(os.environ["SE_MAX"]))
 n_seeds, T, warmup = (int(params[k]) for k in ("n_seeds", "T", "warmup"))
 label = f"QAD {sends} cal"
 for name in ops:

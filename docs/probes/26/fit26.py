@@ -4,7 +4,8 @@ refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, s
 (1/0) and the variant; START (environment, optional): a calibration file whose R = 8 fit is kept (the
 continuation alone; probe (28)); MIN_ENVS (optional): at least this many cells a point through the
 model at every size (probe (30)); REQ (optional): QAD's headroom requirement held at this value, dB
-(probe (30)); OUT (optional): the calibration file written:
+(probe (30)); SE_MAX (optional): the model's spectral-efficiency cap, b/s/Hz (probe (31)); OUT
+(optional): the calibration file written:
 - 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
   (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
   (branch qa-work-conserving, docs/probes/19/) beside this script; ran eager;
@@ -12,7 +13,9 @@ model at every size (probe (30)); REQ (optional): QAD's headroom requirement hel
   the others) patched into QAD's service: what the share 0.5 ran as;
 - 'product' (26): the same rule through the stage's fit_size(qa_reshare=alpha);
 - 'pool' (29): docs/probes/29/pool.py's rule (the share alpha of the band's time pooled among the
-  robots being served) in place of the product's, through the same fit_size(qa_reshare=alpha)."""
+  robots being served) in place of the product's, through the same fit_size(qa_reshare=alpha);
+- 'crowd' (30): docs/probes/30/crowd.py's rate over smax(n, 1)^BETA (BETA from the environment);
+- 'slope' (31): docs/probes/31/slope.py's rate SNR with a slope (SLOPE from the environment)."""
 import dataclasses, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
@@ -40,13 +43,18 @@ elif VARIANT == "pool":
 elif VARIANT == "crowd":  # probe (30) (e): QAD's rate over smax(n, 1)^BETA (BETA from the environment)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "30"))
     import crowd  # noqa: F401  (patches model.MODES["QA"])
+elif VARIANT == "slope":  # probe (31): the rate SNR's slope (SLOPE from the environment)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
+    import slope  # noqa: F401  (patches radio.rate_snr_lin)
 elif VARIANT != "product":
-    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool' or 'crowd', got {VARIANT!r}")
+    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool', 'crowd' or 'slope', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
 params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
 res = "/work/main/benchmarks/diff/results/full"
+if os.environ.get("SE_MAX"):  # probe (31) (b): the model's spectral-efficiency cap, b/s/Hz
+    params["cell"] = {**(params.get("cell") or {}), "se_max": float(os.environ["SE_MAX"])}
 kw = {**C._fit_kwargs(params), "compile": sys.argv[4] == "1"}
 if os.environ.get("REQ"):
     params["search"]["qa_snr_req_db"] = [float(os.environ["REQ"])]

@@ -3,13 +3,14 @@ model run on all 16 cells of each point (the cells of L2-legacy's targets), wher
 32 robots a point (one cell at R = 32 and 64): the loss the constants have in expectation over the
 cells and send paths, on training points only (and the held-out loss for the record).
 argv: calibration files; PATCH (environment, optional): a module of this folder to import first
-(`crowd`, with BETA). Prints one line per file and size: own training / held-out loss."""
-import os, sys
+(`crowd`, with BETA) or of probe (29)'s (`pool`); SE_MAX (optional): the model's spectral-efficiency cap (probe (31)). Prints one line per file and size: own training / held-out loss."""
+import dataclasses, os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff")
 import torch, yaml
 torch.set_num_threads(1)
 if os.environ.get("PATCH"):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(here, "..", "29")]  # crowd (30), pool (29)
     __import__(os.environ["PATCH"])
 import calibrate as C
 from isaac_net.core.diff import calibrate
@@ -18,6 +19,8 @@ params = yaml.safe_load(open("/work/main/config/config.yaml"))["calibrate"]
 res = "/work/main/benchmarks/diff/results/full"
 sizes = [int(r) for r in params["R"]]
 kw = {**C._fit_kwargs(params), "model_robots": int(os.environ.get("ROBOTS", 16 * max(sizes)))}
+if os.environ.get("SE_MAX"):  # probe (31) (b): the model's spectral-efficiency cap, b/s/Hz
+    kw["cfg"] = dataclasses.replace(kw["cfg"], se_max=float(os.environ["SE_MAX"]))
 grids = {part: {R: C.point_set(params, R, part) for R in sizes} for part in ("train", "heldout")}
 targets = {part: {R: C._kpis([f"{res}/calibrate/targets_{part}_R{R}.json"], (R,))[R] for R in sizes}
            for part in ("train", "heldout")}

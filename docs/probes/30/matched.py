@@ -2,7 +2,8 @@
 service varying per step (svcvar.py, SIGMA), its capacity factor scaled until its mean delay is
 L2-legacy's there; then its d delay / d p and d AoI / d p (the sensitivity stage's model_gradients, the
 stage's replicates and send uniforms). argv: point name, L2-legacy's mean delay there (steps), sigmas;
-CAL (environment, optional): another calibration file than the page's; PATCH=crowd (with BETA): crowd.py's
+CAL (environment, optional): another calibration file than the page's; SE_MAX: the model's
+spectral-efficiency cap (probe (31)); PATCH=crowd (with BETA): crowd.py's
 rate in place of svcvar.py's (SIGMAS then 0 only)."""
 import dataclasses, math, os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +25,8 @@ base = S.problem(op, n_seeds, int(op.get("envs_per_seed", params["envs_per_seed"
 cal = Calibration.load(os.environ.get("CAL", "/work/main/benchmarks/diff/results/full/calibration.json"), mode="QA",
                        sends="relaxed").at(R)
 cfg0 = cal.apply(cell_config(params.get("cell", {})), R=R, area_m=op["area_m"])
+if os.environ.get("SE_MAX"):  # probe (31) (b): the model's spectral-efficiency cap, b/s/Hz
+    cfg0 = dataclasses.replace(cfg0, se_max=float(os.environ["SE_MAX"]))
 
 
 def run(m):
