@@ -613,10 +613,14 @@ def test_sensitivity_page_tabulates_where_each_model_puts_the_least_aoi_and_what
     assert "| far | 8 | 0.3 | 0.31 | 0.28 (0.86 %) |" in text
     assert "| heavy | 8 | 0.5 |" not in text
     assert "the point's p times each of 3 factors" in text
+    assert "A share below zero" not in text
     far = next(v for v in arts["sensitivity"]["values"] if v["op"] == "far")
     far["optimum"]["models"]["L1D rb cal"].update(best_p=0.6, inside=False, L2_lost=0.43)
     text = section(build_page(tmp_path / "end", arts), "## Sensitivity against L2-legacy")
     assert "| far | 8 | 0.3 | 0.31 | 0.6 (end) (43 %) |" in text
+    far["optimum"]["models"]["L1D rb cal"].update(L2_lost=-0.0034)
+    text = section(build_page(tmp_path / "below", arts), "## Sensitivity against L2-legacy")
+    assert "(-0.34 %) |" in text and "A share below zero: L2-legacy's AoI at the model's p" in text
 
 
 def test_sensitivity_metrics_count_a_row_without_an_interval_as_not_covering_one():
