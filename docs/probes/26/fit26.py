@@ -15,7 +15,9 @@ model at every size (probe (30)); REQ (optional): QAD's headroom requirement hel
 - 'pool' (29): docs/probes/29/pool.py's rule (the share alpha of the band's time pooled among the
   robots being served) in place of the product's, through the same fit_size(qa_reshare=alpha);
 - 'crowd' (30): docs/probes/30/crowd.py's rate over smax(n, 1)^BETA (BETA from the environment);
-- 'slope' (31): docs/probes/31/slope.py's rate SNR with a slope (SLOPE from the environment)."""
+- 'slope' (31): docs/probes/31/slope.py's rate SNR with a slope (SLOPE from the environment);
+- 'serial' (31): docs/probes/31/serial.py's finish times of random-order serial service;
+- 'lanes' (31): docs/probes/31/lanes.py's random-order serial service."""
 import dataclasses, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
@@ -46,8 +48,14 @@ elif VARIANT == "crowd":  # probe (30) (e): QAD's rate over smax(n, 1)^BETA (BET
 elif VARIANT == "slope":  # probe (31): the rate SNR's slope (SLOPE from the environment)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
     import slope  # noqa: F401  (patches radio.rate_snr_lin)
+elif VARIANT == "serial":  # probe (31) (f): finish times of random-order serial service
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
+    import serial  # noqa: F401  (patches model.MODES["QA"])
+elif VARIANT == "lanes":  # probe (31) (g): a random-order serial service
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
+    import lanes  # noqa: F401  (patches model.MODES["QA"])
 elif VARIANT != "product":
-    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool', 'crowd' or 'slope', got {VARIANT!r}")
+    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool', 'crowd', 'slope', 'serial' or 'lanes', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 

@@ -1,7 +1,8 @@
 """Probes (30) (b) and (e): QAD's service with its rate scaled by ``SCALE(alloc, n)`` (``[E, R]``,
 ``[E, 1]`` -> a factor broadcast to ``[E, R]``): QA's static share otherwise (``model._service_qa``
 without the backlog closure or the re-shared time, copied with the one factor). Importing it patches
-``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE."""
+``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
+``docs/probes/31/serial.py`` FRAC."""
 import dataclasses
 
 import torch
@@ -10,6 +11,9 @@ from isaac_net.core.diff import model, relax
 from isaac_net.core.diff.model import _fifo_cum, _n_busy, on_air_s
 
 SCALE = [lambda alloc, sn: 1.0]
+#: The share of the interval a message's prefix takes, from processor sharing's ``frac`` (probe (31)
+#: (f), ``docs/probes/31/serial.py``, sets it): ``FRAC[0](frac, rate, n, snr_lin, headroom, cfg, tau)``.
+FRAC = [lambda frac, rate, n, snr_lin, headroom, cfg, tau: frac]
 
 
 def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
@@ -29,6 +33,7 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
     avail_s = cfg.step_s - sr_s
     served = rate * avail_s
     c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
+    frac = FRAC[0](frac, rate, n, snr_lin, headroom, cfg, tau)
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
     air_s = on_air_s(x, rest, snr_lin, cfg, tau, own_rate=rate, n_busy=n)
     return c, c * finish_s / cfg.step_s, served, air_s, rest
