@@ -4,7 +4,7 @@ argv: calibration path, sends code (mf|rb), 'new' (time re-shared QAD, qad_wc), 
 docs/probes/26/reshare.py, the share from the environment's RESHARE), 'pool' (probe (29):
 docs/probes/29/pool.py in place of the product's re-shared interval, the share the calibration's),
 'crowd' (probe (30): docs/probes/30/crowd.py, BETA from the environment), 'slope' (probe (31):
-docs/probes/31/slope.py, SLOPE from the environment), 'serial' (probe (31): docs/probes/31/serial.py), 'lanes' (probe (31): docs/probes/31/lanes.py) or
+docs/probes/31/slope.py, SLOPE from the environment), 'serial' (probe (31): docs/probes/31/serial.py), 'lanes' (probe (31): docs/probes/31/lanes.py), 'spread' (probe (32): docs/probes/32/spread.py) or
 'old'; SE_MAX (environment, optional): the
 model's spectral-efficiency cap (probe (31)), ops (comma) or all."""
 import dataclasses, json, os, sys, time
@@ -25,6 +25,9 @@ elif sys.argv[3] == "slope":  # probe (31), SLOPE from the environment
 elif sys.argv[3] == "lanes":  # probe (31) (g)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
     import lanes  # noqa: F401
+elif sys.argv[3] == "spread":  # probe (32) (b), GRANT_SB / PF_EXP from the environment
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "32"))
+    import spread  # noqa: F401
 elif sys.argv[3] == "serial":  # probe (31) (f)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
     import serial  # noqa: F401

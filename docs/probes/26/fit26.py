@@ -4,7 +4,8 @@ refitted by the stage's continuation (R = 8 whole search). argv: alpha, sends, s
 (1/0) and the variant; START (environment, optional): a calibration file whose R = 8 fit is kept (the
 continuation alone; probe (28)); MIN_ENVS (optional): at least this many cells a point through the
 model at every size (probe (30)); REQ (optional): QAD's headroom requirement held at this value, dB
-(probe (30)); SE_MAX (optional): the model's spectral-efficiency cap, b/s/Hz (probe (31)); OUT
+(probe (30)); SE_MAX (optional): the model's spectral-efficiency cap, b/s/Hz (probe (31)); FLOORS (optional): QA's latency floors searched, slots, comma-separated (probe
+(32)); OUT
 (optional): the calibration file written:
 - 'mix' (25): the two services' completions, finish times, bytes served and time on air blended,
   (1 - alpha) static + alpha re-shared (each conserves mass, so the blend does); needs qad_wc.py
@@ -17,7 +18,9 @@ model at every size (probe (30)); REQ (optional): QAD's headroom requirement hel
 - 'crowd' (30): docs/probes/30/crowd.py's rate over smax(n, 1)^BETA (BETA from the environment);
 - 'slope' (31): docs/probes/31/slope.py's rate SNR with a slope (SLOPE from the environment);
 - 'serial' (31): docs/probes/31/serial.py's finish times of random-order serial service;
-- 'lanes' (31): docs/probes/31/lanes.py's random-order serial service."""
+- 'lanes' (31): docs/probes/31/lanes.py's random-order serial service;
+- 'power' (32): docs/probes/32/power.py's loss on the training points of one power (POWER_KEEP);
+- 'spread' (32): docs/probes/32/spread.py's crowd SNR lift weakened (GRANT_SB, PF_EXP)."""
 import dataclasses, os, sys, time
 sys.path.insert(0, "/work/main/benchmarks/diff"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, yaml
@@ -54,8 +57,14 @@ elif VARIANT == "serial":  # probe (31) (f): finish times of random-order serial
 elif VARIANT == "lanes":  # probe (31) (g): a random-order serial service
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "31"))
     import lanes  # noqa: F401  (patches model.MODES["QA"])
+elif VARIANT == "power":  # probe (32) (a): the training loss on one power's points (POWER_KEEP)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "32"))
+    import power  # noqa: F401  (patches calibrate.search.loss)
+elif VARIANT == "spread":  # probe (32) (b): the crowd's SNR lift weakened (GRANT_SB, PF_EXP)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "32"))
+    import spread  # noqa: F401  (patches model.MODES["QA"])
 elif VARIANT != "product":
-    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool', 'crowd', 'slope', 'serial' or 'lanes', got {VARIANT!r}")
+    raise ValueError(f"variant: expected 'mix', 'patch', 'product', 'pool', 'crowd', 'slope', 'serial', 'lanes', 'power' or 'spread', got {VARIANT!r}")
 import calibrate as C
 from isaac_net.core.diff import calibrate
 
@@ -64,6 +73,8 @@ res = "/work/main/benchmarks/diff/results/full"
 if os.environ.get("SE_MAX"):  # probe (31) (b): the model's spectral-efficiency cap, b/s/Hz
     params["cell"] = {**(params.get("cell") or {}), "se_max": float(os.environ["SE_MAX"])}
 kw = {**C._fit_kwargs(params), "compile": sys.argv[4] == "1"}
+if os.environ.get("FLOORS"):  # probe (32): QA's latency floors searched, slots (comma)
+    params["search"]["sr_slots"] = {**params["search"]["sr_slots"], "QA": [int(v) for v in os.environ["FLOORS"].split(",")]}
 if os.environ.get("REQ"):
     params["search"]["qa_snr_req_db"] = [float(os.environ["REQ"])]
 if os.environ.get("MIN_ENVS"):

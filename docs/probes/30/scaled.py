@@ -2,7 +2,7 @@
 ``[E, 1]`` -> a factor broadcast to ``[E, R]``): QA's static share otherwise (``model._service_qa``
 without the backlog closure or the re-shared time, copied with the one factor). Importing it patches
 ``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
-``docs/probes/31/serial.py`` FRAC."""
+``docs/probes/31/serial.py`` FRAC, ``docs/probes/32/spread.py`` SPREAD and GAIN."""
 import dataclasses
 
 import torch
@@ -14,6 +14,10 @@ SCALE = [lambda alloc, sn: 1.0]
 #: The share of the interval a message's prefix takes, from processor sharing's ``frac`` (probe (31)
 #: (f), ``docs/probes/31/serial.py``, sets it): ``FRAC[0](frac, rate, n, snr_lin, headroom, cfg, tau)``.
 FRAC = [lambda frac, rate, n, snr_lin, headroom, cfg, tau: frac]
+#: The subbands a robot's power is spread over (QA's ``smax(alloc, 1)``) and the PF gain (QA's ``H(n)``):
+#: probe (32) (b), ``docs/probes/32/spread.py``, sets them.
+SPREAD = [lambda alloc, tau: relax.smax(alloc, 1.0, tau)]
+GAIN = [lambda n: relax.harmonic(n)]
 
 
 def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
@@ -25,8 +29,8 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
         alloc = torch.minimum(share, headroom)
     else:
         alloc = headroom * relax.smin_const(share / headroom, 1.0, tau)
-    gain = relax.harmonic(n)
-    se = relax.smin(torch.log2(1.0 + gain * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
+    gain = GAIN[0](n)
+    se = relax.smin(torch.log2(1.0 + gain * snr_lin / SPREAD[0](alloc, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.bytes_per_se_s * SCALE[0](alloc, sn)  # the probes' one factor
     rate = torch.where(rate > 0, rate, 1.0)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
