@@ -1,6 +1,6 @@
 """Probes (30) (b) and (e): QAD's service with its rate scaled by ``SCALE(alloc, n)`` (``[E, R]``,
 ``[E, 1]`` -> a factor broadcast to ``[E, R]``): QA's static share otherwise (``model._service_qa``
-without the backlog closure or the re-shared time, copied with the one factor). Importing it patches
+with the backlog closure of mean-field sends but not the re-shared time, copied with the one factor). Importing it patches
 ``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
 ``docs/probes/31/serial.py`` FRAC, ``docs/probes/32/spread.py`` SPREAD and GAIN."""
 import dataclasses
@@ -22,7 +22,11 @@ GAIN = [lambda n: relax.harmonic(n)]
 
 def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute"):
     cum = _fifo_cum(x)
-    n = _n_busy(w, tau)
+    closure = cfg.mf_backlog_closure and not relax.is_hard(tau)  # mean-field sends (probe (32)), as QAD's
+    if closure:
+        busy, n = model._backlog_closure(w)
+    else:
+        n = _n_busy(w, tau)
     sn = relax.smax(n, 1.0, tau)
     share = cfg.num_subbands / sn
     if relax.is_hard(tau):
@@ -35,7 +39,7 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
     rate = torch.where(rate > 0, rate, 1.0)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
-    served = rate * avail_s
+    served = rate * avail_s * busy if closure else rate * avail_s
     c, frac, rest = relax.fifo_serve(x, cum, served.unsqueeze(-1), tau)
     frac = FRAC[0](frac, rate, n, snr_lin, headroom, cfg, tau)
     finish_s = sr_s.unsqueeze(-1) + frac * avail_s.unsqueeze(-1)
