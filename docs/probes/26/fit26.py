@@ -98,7 +98,7 @@ for R, nb in calibrate.continuation_order(tuple(sorted(set(sizes) | {ref})), ref
                              targets=C._kpis([f"{res}/calibrate/targets_train_R{R}.json"], (R,))[R],
                              heldout_targets=C._kpis([f"{res}/calibrate/targets_heldout_R{R}.json"], (R,))[R],
                              progress=False, load_spread=spread, mf_backlog_closure=closure,
-                             qa_reshare=ALPHA if VARIANT in ("product", "pool") else 0.0, **kw)
+                             qa_reshare=ALPHA if VARIANT in ("product", "pool", "spread") else 0.0, **kw)
     fitted[R] = cal
     c, o = cal.to_dict(), committed.at(R).to_dict()
     print(f"{VARIANT} {ALPHA} {sends} R {R}: floor {c['sr_slots']} tau {c['tau']:.3g} req {c['qa_snr_req_db']} "

@@ -1,6 +1,6 @@
 """Probes (30) (b) and (e): QAD's service with its rate scaled by ``SCALE(alloc, n)`` (``[E, R]``,
 ``[E, 1]`` -> a factor broadcast to ``[E, R]``): QA's static share otherwise (``model._service_qa``
-with the backlog closure of mean-field sends but not the re-shared time, copied with the one factor). Importing it patches
+with the backlog closure of mean-field sends, and ``model._reshared_qa`` where ``qa_reshare > 0``, copied with the one factor). Importing it patches
 ``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
 ``docs/probes/31/serial.py`` FRAC, ``docs/probes/32/spread.py`` SPREAD and GAIN."""
 import dataclasses
@@ -37,6 +37,8 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
     se = relax.smin(torch.log2(1.0 + gain * snr_lin / SPREAD[0](alloc, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.bytes_per_se_s * SCALE[0](alloc, sn)  # the probes' one factor
     rate = torch.where(rate > 0, rate, 1.0)
+    if cfg.qa_reshare > 0:  # the re-shared interval (probe (32): with SPREAD / GAIN), as QAD's
+        return model._reshared_qa(x, w, cum, mass_before, snr_lin, n, sn, rate, cfg, tau)
     sr_s = relax.soft_empty(mass_before, tau) * (cfg.qa_sr_slots * cfg.slot_s)
     avail_s = cfg.step_s - sr_s
     served = rate * avail_s * busy if closure else rate * avail_s

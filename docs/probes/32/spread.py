@@ -22,3 +22,6 @@ if PF_EXP != 1.0:  # exp(k log G): no infinite derivative at G = 0 (nothing is s
     scaled.GAIN[0] = lambda n: torch.exp(PF_EXP * torch.log(torch.clamp(relax.harmonic(n), min=1e-30)))
 if os.environ.get("BETA"):  # with probe (30) (e)'s crowd factor on the rate, smax(n, 1)^-BETA
     import crowd  # noqa: E402, F401  (sets scaled.SCALE)
+if os.environ.get("POOL"):  # probe (29)'s pooled share in place of the re-shared interval (qa_reshare > 0)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "29"))
+    import pool  # noqa: E402, F401  (patches model._reshared_qa)
