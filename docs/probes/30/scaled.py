@@ -1,7 +1,7 @@
 """Probes (30) (b) and (e): QAD's service with its rate scaled by ``SCALE(alloc, n)`` (``[E, R]``,
 ``[E, 1]`` -> a factor broadcast to ``[E, R]``): QA's static share otherwise (``model._service_qa``
-with the backlog closure of mean-field sends, and ``model._reshared_qa`` where ``qa_reshare > 0``, copied with the one factor). Importing it patches
-``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
+with the backlog closure of mean-field sends, and ``model._reshared_qa`` where ``qa_reshare > 0``,
+copied with the one factor). Importing it patches ``model.MODES["QA"]`` (off the fused node: the reference step); ``svcvar.py`` and ``crowd.py`` set SCALE,
 ``docs/probes/31/serial.py`` FRAC, ``docs/probes/32/spread.py`` SPREAD and GAIN."""
 import dataclasses
 

@@ -3,12 +3,12 @@ targets, the model on all 16 cells of each point (as probe (30)'s expected loss)
 argv: calibration file, R, sends (relaxed|mean_field), and 'spread' (optional: spread.py's patch, GRANT_SB /
 PF_EXP from the environment). Prints a table: p, kB, dBm, then target /
 model for delay (steps), delivery and AoI (steps), and the point's loss."""
-import dataclasses, sys
+import dataclasses, os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff")
 import torch, yaml
 torch.set_num_threads(1)
-if len(sys.argv) > 4 and sys.argv[4] == "spread":
-    import os
+PATCHED = len(sys.argv) > 4 and sys.argv[4] == "spread"
+if PATCHED:  # spread.py's service runs off the fused node: the model eager
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import spread  # noqa: F401
 import calibrate as C
@@ -26,7 +26,7 @@ cal = calibrate.Calibration.load(path, mode="QA", sends=sends).at(R)
 part = fleet.problem(grid, R=R, area_m=kw["area_m"], envs=kw["envs"], T=kw["T"], warmup=kw["warmup"],
                      seed=kw["seed"])
 cell = dataclasses.replace(kw["cfg"], **cal.constants)
-k = calibrate.evaluate.model_kpis("QA", sends, part, cell, tau=cal.tau, lam=kw["lam"], compile=len(sys.argv) <= 4)
+k = calibrate.evaluate.model_kpis("QA", sends, part, cell, tau=cal.tau, lam=kw["lam"], compile=not PATCHED)
 pl = point_loss(k, target)
 k = {key: v.reshape(-1) for key, v in k.items()}
 pl = pl.reshape(-1)
