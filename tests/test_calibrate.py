@@ -514,6 +514,28 @@ def _one_choice_qad_fit() -> dict:
     return {**TINY, "envs": 2, "search": search, "targets": target, "compile": False}
 
 
+def test_a_qad_fit_records_its_grant_width_and_the_model_runs_with_it():
+    """``fit(qa_min_grant_subbands=)``: QAD's calibrated model spreads a robot's power over at least that
+    many subbands (the record's constant, which ``apply`` and a file keep; an older entry without it
+    has QA's 1), the plain model's loss without it; refused for L1D and outside [1, num_subbands],
+    before the fit and in a file."""
+    kw = _one_choice_qad_fit()
+    plain, wide = (calibrate.fit("QA", "relaxed", grid=GRID, qa_min_grant_subbands=k, **kw)
+                   for k in (1.0, 3.0))
+    _assert_option_recorded(plain, wide, "qa_min_grant_subbands", 3.0, off=1.0)
+    with pytest.raises(ValueError, match="qa_min_grant_subbands: a rule of QA's spectral efficiency; "
+                                         "expected 1 for mode 'L1'"):
+        calibrate.fit("L1", "relaxed", grid=GRID, qa_min_grant_subbands=3.0, **kw)
+    with pytest.raises(ValueError, match=r"qa_min_grant_subbands: expected a number of subbands in \[1, "
+                                         r"num_subbands=12\], got 0.5"):
+        calibrate.fit("QA", "relaxed", grid=GRID, qa_min_grant_subbands=0.5, **kw)
+    words = "a rule of QA's spectral efficiency; expected 1 for mode 'L1'"  # the check's
+    with pytest.raises(ValueError, match=f"cal.json: calibration field 'qa_min_grant_subbands': {words}"):
+        calibrate.Calibration.from_dict({**wide.to_dict(), "mode": "L1", "qa_snr_req_db": None}, "cal.json")
+    with pytest.raises(ValueError, match="qa_min_grant_subbands: expected a number of subbands"):
+        dataclasses.replace(wide, qa_min_grant_subbands=20.0)
+
+
 def test_a_qad_mean_field_fit_records_its_backlog_closure_and_the_model_runs_with_it():
     """``fit(mf_backlog_closure=)``: QAD mean-field's calibrated model serves a robot as whole messages
     (the record's constant, which ``apply`` puts in the cell and a file keeps), the plain model's loss

@@ -1441,6 +1441,30 @@ def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed)
     assert tiny == pytest.approx(mix(s.cfg, s.p.to(F64)), rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_qa_grant_width_conserves_mass_with_central_difference_gradients(seed):
+    """With ``qa_min_grant_subbands`` > 1 QAD runs through autograd of ``_step`` (the fused node has
+    QA's 1): mass conserved, delivery in [0, 1], d kpi_mix / d p equal to central differences in
+    float64, and just above 1 the fused node's KPIs (QA's rule)."""
+    s = random_scenario(seed)
+    s = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, num_subbands=max(s.cfg.num_subbands, 4)))
+    mix = _off_fused_node_checks(s, dataclasses.replace(s.cfg, qa_min_grant_subbands=3.0), seed)
+    assert DiffFluid(2, 3, mode="QA", tau=0.1, cfg=s.cfg, dtype=F64).fused_rollout
+    near = mix(dataclasses.replace(s.cfg, qa_min_grant_subbands=1.0 + 1e-9), s.p.to(F64))
+    assert near == pytest.approx(mix(s.cfg, s.p.to(F64)), rel=1e-6)
+
+
+def test_qa_grant_width_is_qas_and_refused_elsewhere():
+    with pytest.raises(ValueError, match="L2-legacy takes no calibration constants"):
+        from isaac_net.core import make_engine
+
+        make_engine("L2-legacy", 2, 4, cfg=CellConfig(qa_min_grant_subbands=3.0))
+    for bad in (0.5, 13.0):
+        with pytest.raises(ValueError, match=r"CellConfig.qa_min_grant_subbands must lie in \[1, "):
+            CellConfig(qa_min_grant_subbands=bad)
+    assert CellConfig(qa_min_grant_subbands=3.0).is_calibrated and not CellConfig().is_calibrated
+
+
 def test_qa_reshare_is_a_share_and_not_with_the_backlog_closure():
     for bad in (-0.1, 1.5, math.nan):
         with pytest.raises(ValueError, match="CellConfig.qa_reshare must"):

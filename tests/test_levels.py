@@ -514,6 +514,23 @@ def test_cuda_graph_backend_equals_eager_on_cuda(level, device="cuda"):
 
 
 # ----------------------------------------------------------------------------- QA, re-shared time
+def test_qa_power_spread_over_at_least_the_grant_width():
+    # Eight robots at 0 dB, requirement -10 dB (headroom 10 subbands), no SR offset: share 12 / 8 = 1.5
+    # subbands each, PF gain H(8). QA's rule spreads a robot's power over its 1.5 subbands; with a
+    # grant of at least K = 4 subbands over 4: se = log2(1 + H(8) / max(1.5, K)), rate 1.5 se x 180 kB/s.
+    gain = sum(1.0 / k for k in range(1, 9))
+    for K, spread in ((1.0, 1.5), (4.0, 4.0)):
+        cfg = dataclasses.replace(CFG, qa_sr_slots=0, qa_snr_req_db=-10.0, qa_min_grant_subbands=K)
+        rate = 1.5 * math.log2(1.0 + gain / spread) * CFG.subband_hz / 8.0
+        out = run(one("QA", R=8, cfg=cfg), [1] * 8, [1000.0] * 8, [0.0] * 8)
+        assert out["delivered"][0].tolist() == [1.0] * 8
+        assert out["delay_sum"][0].tolist() == pytest.approx([1000.0 / rate / CFG.step_s] * 8, rel=1e-12), K
+    with pytest.raises(ValueError, match=r"qa_min_grant_subbands must lie in \[1, num_subbands=12\]"):
+        dataclasses.replace(CFG, qa_min_grant_subbands=13.0)
+    with pytest.raises(ValueError, match="CellConfig.qa_min_grant_subbands must be a finite number"):
+        dataclasses.replace(CFG, qa_min_grant_subbands=math.nan)
+
+
 def test_qa_reshared_time_of_a_drained_robot_goes_to_the_others():
     # Three robots at 20 dB, no SR offset: alloc 3 each (headroom), se 5.5, 2.97 MB/s at n = 3 served.
     # They need 6.73, 20.2 and 50.5 ms at that rate. With all of a drained robot's time re-shared

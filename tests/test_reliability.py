@@ -384,7 +384,9 @@ def _bad_values(name, value):
                # a bool, and True only for QAD mean-field's: the committed entry is QAD relaxed's
                "mf_backlog_closure": [1, "true", None, True],
                # a share in [0, 1]; the committed entry is QAD relaxed's, which may carry one
-               "qa_reshare": [-0.1, 1.5, math.nan, "0.5", True]}
+               "qa_reshare": [-0.1, 1.5, math.nan, "0.5", True],
+               # a number of subbands in [1, num_subbands]; the committed entry is QAD relaxed's
+               "qa_min_grant_subbands": [0.5, 13.0, math.nan, "3", True]}
     if name in numbers:
         return numbers[name]
     return {"mode": ["L3", 1], "sends": ["binary", 0],
@@ -416,7 +418,8 @@ def test_every_field_of_a_calibration_file_is_checked_naming_file_and_field(comm
         # an entry without these loads (tau: the fit's setup; the time on air's and the load
         # spread: the plain rule)
         if name not in ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor",
-                        "air_crowd_exp", "load_spread", "mf_backlog_closure", "qa_reshare"):
+                        "air_crowd_exp", "load_spread", "mf_backlog_closure", "qa_reshare",
+                        "qa_min_grant_subbands"):
             with pytest.raises((TypeError, ValueError)) as err:
                 load([missing])
             assert str(path) in str(err.value) and name in str(err.value), (name, str(err.value))

@@ -149,6 +149,7 @@ def fit_size(stage, params: dict, out: dict, part: str) -> None:
         load_spread=float(params["load_spread"][mode]) if sends == "mean_field" else 0.0,
         mf_backlog_closure=bool(params["mf_backlog_closure"]) and mode == "QA" and sends == "mean_field",
         qa_reshare=float(params["qa_reshare"]) if (mode, sends) == ("QA", "relaxed") else 0.0,
+        qa_min_grant_subbands=float(params["qa_min_grant_subbands"][sends]) if mode == "QA" else 1.0,
         provenance={"stage": stage.name, "profile": stage.profile}, **_fit_kwargs(params))
     # A calibration file of its own: a study at this size needs this fit, not the model's others.
     stage.write_json(out["json"], {"format": calibrate.FORMAT, "version": calibrate.VERSION, "model": model,
@@ -202,6 +203,7 @@ def _row(c: dict) -> dict:
             "air_factor": cal.air_factor, "air_crowd_exp": cal.air_crowd_exp,
             "air_fit": c["setup"].get("air_fit"), "load_spread": cal.load_spread,
             "mf_backlog_closure": cal.mf_backlog_closure, "qa_reshare": cal.qa_reshare,
+            "qa_min_grant_subbands": cal.qa_min_grant_subbands,
             "train_points": len(c["grid"]), "heldout_points": len(c["heldout_grid"]),
             "model_envs": c["setup"]["model_envs"],
             "train_loss_uncalibrated": c["uncalibrated_train_loss"], "train_loss": c["train_loss"],

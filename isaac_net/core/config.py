@@ -46,6 +46,10 @@ class CellConfig:
     # drained, or its scheduling request pending) that goes to the robots being served; 0: each robot's
     # share held for the step (docs/design.md, "Calibration", probe (26)).
     qa_reshare: float = 0.0
+    # QA's spectral efficiency (QA and QAD): a robot's power is spread over at least this many subbands
+    # (its share of the band, or more: L2-legacy's PF grants a backlogged robot the subbands its buffer
+    # needs, more than its even share in a crowd); 1: QA's rule (docs/design.md, "Calibration", (33)).
+    qa_min_grant_subbands: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("step_s", "subband_hz", "se_max", "fc_ghz", "rate_factor", "air_factor")
@@ -69,10 +73,15 @@ class CellConfig:
             raise ValueError(f"CellConfig.qa_reshare must be 0 with mf_backlog_closure "
                              f"({RESHARE_WITH_CLOSURE_WHY}), got {self.qa_reshare!r}")
         for name in ("noise_figure_db", "tx_dbm", "qa_snr_req_db", "snr_offset_db", "air_crowd_exp",
-                     "load_spread", "qa_reshare"):
+                     "load_spread", "qa_reshare", "qa_min_grant_subbands"):
             value = getattr(self, name)
             if not (_is_real(value) and math.isfinite(value)):
                 raise ValueError(f"CellConfig.{name} must be a finite number, got {value!r}")
+        grant = self.qa_min_grant_subbands
+        if not 1.0 <= grant <= self.num_subbands:
+            raise ValueError(f"CellConfig.qa_min_grant_subbands must lie in [1, "
+                             f"num_subbands={self.num_subbands}] (subbands a robot's power is spread over), "
+                             f"got {grant!r}")
         for name, (lo, hi, unit) in PHYSICAL_RANGES.items():
             value = getattr(self, name)
             if not lo <= value <= hi:
@@ -116,7 +125,7 @@ class CellConfig:
 #: The constants that exist only for calibration: at their defaults they are the plain fluid
 #: physics, and a cell that differs in any of them is calibrated (``CellConfig.is_calibrated``).
 CALIBRATION_ONLY = ("rate_factor", "snr_offset_db", "l1_sr_slots", "air_factor", "air_crowd_exp",
-                    "load_spread", "mf_backlog_closure", "qa_reshare")
+                    "load_spread", "mf_backlog_closure", "qa_reshare", "qa_min_grant_subbands")
 #: Every constant a calibration sets: those, and QA's own SR offset and headroom requirement, which
 #: the plain model has physical values of and a calibration refits (so a cell that differs in
 #: them alone is not calibrated).

@@ -28,6 +28,7 @@ rule calibrate_targets:
                 "load_spread",
                 "mf_backlog_closure",
                 "qa_reshare",
+                "qa_min_grant_subbands",
                 "compile",
             ],
         ),

@@ -34,7 +34,8 @@ def _level_of(need: torch.Tensor, target: torch.Tensor, n: torch.Tensor, reshare
 class NetQA(DiscreteLevel):
     """One interval per step: ``share = S / max(n, 1)``, power-headroom cap
     ``m = max(floor(snr / snr_req), 1)``, ``alloc = min(share, m)``, PF gain ``G = H(n)``,
-    ``se = min(log2(1 + G snr / max(alloc, 1)), se_max)``, rate ``alloc se subband_hz / 8``
+    ``se = min(log2(1 + G snr / max(alloc, K)), se_max)`` (``K = qa_min_grant_subbands``, 1 by default),
+    rate ``alloc se subband_hz / 8``
     B/s, service starting ``qa_sr_slots`` slots late for a robot whose queue was empty; the transmit
     time the bytes sent at the rate of the whole band, or at ``rate`` where the PF gain makes that the
     faster (:func:`~.base.on_air_s`).
@@ -65,7 +66,9 @@ class NetQA(DiscreteLevel):
         m = torch.clamp(torch.floor(snr_lin / req_lin), min=1.0)
         alloc = torch.minimum(share, m)
         gain = self._harmonic[n]  # [E, 1]
-        se = torch.clamp(torch.log2(1.0 + gain * snr_lin / torch.clamp(alloc, min=1.0)), max=cfg.se_max)
+        # the power over max(alloc, K) subbands: K = 1 its share (at least one subband), K > 1 a wider grant
+        spread = torch.clamp(alloc, min=cfg.qa_min_grant_subbands)
+        se = torch.clamp(torch.log2(1.0 + gain * snr_lin / spread), max=cfg.se_max)
         rate = alloc * se * cfg.bytes_per_se_s  # B/s
         if cfg.qa_reshare > 0:
             return self._reshared(q, ctx, cum, total, is_backlogged, n, rate, snr_lin)

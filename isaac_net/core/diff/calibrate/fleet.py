@@ -87,6 +87,7 @@ def _log_linear(fits, R: int) -> Calibration:
         air_crowd_exp=line([c.air_crowd_exp for c in fits]),
         load_spread=max(0.0, line([c.load_spread for c in fits])),
         qa_reshare=min(max(line([c.qa_reshare for c in fits]), 0.0), 1.0),
+        qa_min_grant_subbands=max(line([c.qa_min_grant_subbands for c in fits]), 1.0),
         R=(R,), train_loss=None, heldout_loss=None, gradient_check=None)
 
 
@@ -110,6 +111,7 @@ def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
         sr_slots=int(round(lin(lo.sr_slots, hi.sr_slots))), tau=geo(lo.tau, hi.tau), qa_snr_req_db=req,
         air_factor=geo(lo.air_factor, hi.air_factor), air_crowd_exp=lin(lo.air_crowd_exp, hi.air_crowd_exp),
         load_spread=lin(lo.load_spread, hi.load_spread), qa_reshare=lin(lo.qa_reshare, hi.qa_reshare),
+        qa_min_grant_subbands=lin(lo.qa_min_grant_subbands, hi.qa_min_grant_subbands),
         R=(R,),
         train_loss=None, heldout_loss=None, gradient_check=None,
         provenance={**lo.provenance, "interpolated_between_R": [lo.R[0], hi.R[0]]})

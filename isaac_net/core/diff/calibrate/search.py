@@ -42,6 +42,7 @@ from isaac_net.core.diff.calibrate.store import (
     _check_model,
     _jsonable,
     check_backlog_closure,
+    check_grant,
     check_load_spread,
     check_reshare,
 )
@@ -107,6 +108,7 @@ def fit(
     load_spread: float = 0.0,
     mf_backlog_closure: bool = False,
     qa_reshare: float = 0.0,
+    qa_min_grant_subbands: float = 1.0,
     compile: bool = False,
     progress: bool | Callable[[str], None] = False,
     provenance: dict | None = None,
@@ -141,6 +143,8 @@ def fit(
         loss keeps QAD's own backlog weight.
     :param qa_reshare: QAD only: the share of an idle robot's time its interval gives the robots being
         served (``CellConfig.qa_reshare``), fixed, not searched; the plain model's loss keeps none.
+    :param qa_min_grant_subbands: QAD only: the fewest subbands a robot's power is spread over
+        (``CellConfig.qa_min_grant_subbands``), fixed, not searched; the plain model's loss keeps QA's 1.
     :param compile: run the model's compiled step (``DiffFluid(compile=True)``) for every loss
         evaluation: the same losses to float rounding, some 2x (L1D) to 7x (QAD) faster on the
         fit's batches after a first call that compiles or loads the kept kernels. The gradient check
@@ -154,14 +158,15 @@ def fit(
         mode, sends, level=level, cfg=cfg, l2_cfg=l2_cfg, envs=envs, model_envs=model_envs,
         check_envs=check_envs, grid=grid, heldout=heldout, search=search, tau=tau, slope_weight=slope_weight,
         compile=compile, load_spread=load_spread, mf_backlog_closure=mf_backlog_closure,
-        qa_reshare=qa_reshare)
+        qa_reshare=qa_reshare, qa_min_grant_subbands=qa_min_grant_subbands)
     sizes = fleet_sizes(R)
     cells = _fit_targets(grid, heldout, sizes, dict(area_m=area_m, envs=envs, T=T, warmup=warmup),
                          seed=seed, level=level, cfg=cfg, l2_cfg=l2_cfg, targets=targets,
                          heldout_targets=heldout_targets)
     obj = _Objective(mode, sends, cfg, lam, float(slope_weight), [t.first(model_envs) for t in cells.train],
                      cells.targets, neighbours(grid, len(sizes)), compile, float(load_spread),
-                     model_envs if check_envs is None else check_envs, mf_backlog_closure, float(qa_reshare))
+                     model_envs if check_envs is None else check_envs, mf_backlog_closure, float(qa_reshare),
+                     float(qa_min_grant_subbands))
     report = _Progress(progress, f"calibrate {mode_spec(mode).label} {sends}")
     coarse = _coarse_grid(obj, choices, report)
     best, checks, refined, tried = _choose_usable(obj, coarse, choices.search, sizes, report)
@@ -207,7 +212,8 @@ class _Choices:
 
 def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: int, model_envs: int,
                      check_envs, grid, heldout, search, tau: float, slope_weight, compile,
-                     load_spread, mf_backlog_closure=False, qa_reshare=0.0) -> tuple:
+                     load_spread, mf_backlog_closure=False, qa_reshare=0.0,
+                     qa_min_grant_subbands=1.0) -> tuple:
     """The arguments of :func:`fit` checked once: ``(cfg, l2_cfg, _Choices)`` with the defaults filled."""
     _check_model(mode, sends)
     check_load_spread(load_spread, sends)  # before the fit's minutes, not after
@@ -218,6 +224,7 @@ def _checked_choices(mode: str, sends: str, *, level: str, cfg, l2_cfg, envs: in
     cfg = CellConfig() if cfg is None else cfg
     if cfg.is_calibrated:
         raise ValueError("cfg: expected the plain cell (no calibration constants) to fit on")
+    check_grant(qa_min_grant_subbands, mode, cfg.num_subbands)
     l2_cfg = L2LegacyConfig() if l2_cfg is None else l2_cfg
     if not (isinstance(model_envs, int) and 1 <= model_envs <= envs):
         raise ValueError(f"model_envs: expected an integer in [1, envs={envs}], got {model_envs!r}")
@@ -312,6 +319,7 @@ class _Objective:
     check_envs: int = 1  # the first cells per point of each part the gradient check runs on
     mf_backlog_closure: bool = False  # the calibrated model's (CellConfig.mf_backlog_closure), not searched
     qa_reshare: float = 0.0  # the calibrated model's (CellConfig.qa_reshare), not searched
+    qa_min_grant_subbands: float = 1.0  # the calibrated model's (CellConfig's), not searched
 
     def kpis(self, parts: list, c: CellConfig, t: float, candidates=None) -> dict:
         """The model's KPIs on every fleet size's problem in ``parts``, as one set of points."""
@@ -329,7 +337,7 @@ class _Objective:
         return dataclasses.replace(
             self.cfg, rate_factor=float(eta), snr_offset_db=float(off), **{spec.sr_field: int(L)}, **extra,
             load_spread=self.load_spread, mf_backlog_closure=self.mf_backlog_closure,
-            qa_reshare=self.qa_reshare,
+            qa_reshare=self.qa_reshare, qa_min_grant_subbands=self.qa_min_grant_subbands,
         )
 
     def cell(self, f: _Fitted) -> CellConfig:
@@ -550,7 +558,8 @@ def _calibration(obj: _Objective, cells: _Cells, best: _Fitted, checks: dict, ch
         sr_slots=int(best.sr_slots), train_loss=best.loss, heldout_loss=heldout_loss,
         uncalibrated_train_loss=uncal_train, uncalibrated_heldout_loss=uncal_heldout,
         air_factor=best.air_factor, air_crowd_exp=best.air_crowd_exp, load_spread=obj.load_spread,
-        mf_backlog_closure=obj.mf_backlog_closure, qa_reshare=obj.qa_reshare, grid=cells.train[0].points,
+        mf_backlog_closure=obj.mf_backlog_closure, qa_reshare=obj.qa_reshare,
+        qa_min_grant_subbands=obj.qa_min_grant_subbands, grid=cells.train[0].points,
         heldout_grid=cells.held[0].points if cells.held is not None else (),
         R=sizes, area_m=tuple(float(a) for a in area_m), cell=_jsonable(dataclasses.asdict(obj.cfg)),
         l2_config=_jsonable(dataclasses.asdict(l2_cfg)), setup=_jsonable(setup),

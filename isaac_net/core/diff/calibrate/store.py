@@ -66,6 +66,19 @@ def check_reshare(reshare, mode: str, closure: bool = False) -> None:
                          f"got {reshare!r}")
 
 
+def check_grant(grant, mode: str, num_subbands: int) -> None:
+    """Refuse a fewest number of subbands a robot's power is spread over
+    (``CellConfig.qa_min_grant_subbands``) outside [1, ``num_subbands``], or one other than 1 for another
+    mode than QA (it lives in QA's spectral efficiency): a ValueError naming ``qa_min_grant_subbands``."""
+    if isinstance(grant, bool) or not isinstance(grant, (int, float)) or not (
+            math.isfinite(grant) and 1 <= grant <= num_subbands):
+        raise ValueError(f"qa_min_grant_subbands: expected a number of subbands in [1, "
+                         f"num_subbands={num_subbands}], got {grant!r}")
+    if grant != 1 and mode != "QA":
+        raise ValueError(f"qa_min_grant_subbands: a rule of QA's spectral efficiency; expected 1 for mode "
+                         f"{mode!r}, got {grant!r}")
+
+
 def check_load_spread(spread, sends: str) -> None:
     """Refuse a load spread (``CellConfig.load_spread``'s scale) outside the cell's range for it
     (``config.PHYSICAL_RANGES``, which :meth:`Calibration.apply` would refuse later), or one > 0 for
@@ -111,6 +124,8 @@ class Calibration:
         fitted without it).
     :field qa_reshare: the share of an idle robot's time QAD's interval gives the others
         (``CellConfig``'s; 0 in an entry fitted without it).
+    :field qa_min_grant_subbands: the fewest subbands QAD spreads a robot's power over
+        (``CellConfig``'s; 1, QA's rule, in an entry fitted without it).
     """
 
     mode: str
@@ -138,6 +153,7 @@ class Calibration:
     load_spread: float = 0.0
     mf_backlog_closure: bool = False
     qa_reshare: float = 0.0
+    qa_min_grant_subbands: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "R", fleet_sizes(self.R))
@@ -155,6 +171,8 @@ class Calibration:
         check_load_spread(self.load_spread, self.sends)
         check_backlog_closure(self.mf_backlog_closure, self.mode, self.sends)
         check_reshare(self.qa_reshare, self.mode, self.mf_backlog_closure)
+        check_grant(self.qa_min_grant_subbands, self.mode,
+                    int(self.cell.get("num_subbands", CellConfig.num_subbands)))
 
     @property
     def constants(self) -> dict:
@@ -171,6 +189,7 @@ class Calibration:
         out["load_spread"] = self.load_spread
         out["mf_backlog_closure"] = self.mf_backlog_closure
         out["qa_reshare"] = self.qa_reshare
+        out["qa_min_grant_subbands"] = self.qa_min_grant_subbands
         return out
 
     def apply(
@@ -254,7 +273,7 @@ class Calibration:
             raise TypeError(f"{source}: expected a calibration entry (a JSON object), got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
         optional = ("provenance", "gradient_check", "tau", "qa_snr_req_db", "air_factor", "air_crowd_exp",
-                    "load_spread", "mf_backlog_closure", "qa_reshare")
+                    "load_spread", "mf_backlog_closure", "qa_reshare", "qa_min_grant_subbands")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"{source}: a calibration entry lacks {', '.join(missing)}")
@@ -374,6 +393,10 @@ def _check_fields(kw: dict, source: str) -> None:
     if "qa_reshare" in kw:
         _checked_field(source, "qa_reshare", check_reshare, kw["qa_reshare"], kw["mode"],
                        kw.get("mf_backlog_closure", False))
+    if "qa_min_grant_subbands" in kw:
+        cell = kw.get("cell") if isinstance(kw.get("cell"), dict) else {}
+        _checked_field(source, "qa_min_grant_subbands", check_grant, kw["qa_min_grant_subbands"], kw["mode"],
+                       int(cell.get("num_subbands", CellConfig.num_subbands)))
     if not _is_integer(kw["sr_slots"]) or kw["sr_slots"] < 0:
         raise _field_error(source, "sr_slots", "an integer >= 0 (slots)", kw["sr_slots"],
                            TypeError if not _is_integer(kw["sr_slots"]) else ValueError)
