@@ -246,6 +246,26 @@ def test_fit_fleet_checks_its_per_size_arguments():
         calibrate.fit_fleet("QA", "binary", sizes=(4,), ref_R=4, grids={4: grid})
 
 
+def test_a_constant_the_fits_share_stays_exact_between_and_along_the_line():
+    """QA's grant width is compared for equality (the fused node runs at exactly 1; L1 takes only 1):
+    where every fit has the same width, the interpolated and the log-linear constants have it exactly
+    (a line through equal values came out 1.0000000000000002 and refused L1D's entry); different
+    widths are interpolated in log R like the other constants."""
+    sizes = (4, 8, 16, 32, 64)
+    for mode, K in (("L1", 1.0), ("QA", 1.0), ("QA", 3.0)):
+        fits = tuple(dataclasses.replace(_cal(R, mode=mode, rate_factor=0.5 - 0.01 * i,
+                                              snr_offset_db=-3.0 - i, tau=0.05 + 0.01 * i),
+                                         qa_min_grant_subbands=K)
+                     for i, R in enumerate(sizes))
+        fc = calibrate.FleetCalibration(mode, "relaxed", fits)
+        for R in (5, 12, 24, 48):
+            assert fc.at(R).qa_min_grant_subbands == K, (mode, K, R)
+            assert calibrate.fleet._log_linear(fits, R).qa_min_grant_subbands == K, (mode, K, R)
+    lo, hi = (dataclasses.replace(_cal(R), qa_min_grant_subbands=K) for R, K in ((8, 2.0), (32, 4.0)))
+    between = calibrate.FleetCalibration("QA", "relaxed", (lo, hi)).at(16)
+    assert between.qa_min_grant_subbands == pytest.approx(3.0)
+
+
 def test_interpolated_constants_match_a_fit_only_where_they_should():
     """size_losses' ``between``: at a size with fitted neighbours, interpolated constants, scored on
     that size's own points (here the truth is log-linear in R, so interpolation is exact)."""

@@ -64,6 +64,13 @@ def model_envs_for(R: int, model_robots: int, envs: int, load_spread: float = 0.
     return min(int(envs), n)
 
 
+def _same_or(form, values: list) -> float:
+    """The value all ``values`` share, exactly, else ``form(values)``: a constant that the fits share
+    (QA's grant width 1, which the fused node and the mode checks test for equality) stays that value
+    where a line or a weighted mean of equal values would come out one rounding off."""
+    return values[0] if all(v == values[0] for v in values) else form(values)
+
+
 def _log_linear(fits, R: int) -> Calibration:
     """The constants at ``R`` of a least-squares line in log R through every fit's (the capacity
     factor, the temperature and the time on air's factor in log; the latency floor rounded, the SNR
@@ -87,7 +94,7 @@ def _log_linear(fits, R: int) -> Calibration:
         air_crowd_exp=line([c.air_crowd_exp for c in fits]),
         load_spread=max(0.0, line([c.load_spread for c in fits])),
         qa_reshare=min(max(line([c.qa_reshare for c in fits]), 0.0), 1.0),
-        qa_min_grant_subbands=max(line([c.qa_min_grant_subbands for c in fits]), 1.0),
+        qa_min_grant_subbands=_same_or(lambda v: max(line(v), 1.0), [c.qa_min_grant_subbands for c in fits]),
         R=(R,), train_loss=None, heldout_loss=None, gradient_check=None)
 
 
@@ -111,7 +118,8 @@ def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
         sr_slots=int(round(lin(lo.sr_slots, hi.sr_slots))), tau=geo(lo.tau, hi.tau), qa_snr_req_db=req,
         air_factor=geo(lo.air_factor, hi.air_factor), air_crowd_exp=lin(lo.air_crowd_exp, hi.air_crowd_exp),
         load_spread=lin(lo.load_spread, hi.load_spread), qa_reshare=lin(lo.qa_reshare, hi.qa_reshare),
-        qa_min_grant_subbands=lin(lo.qa_min_grant_subbands, hi.qa_min_grant_subbands),
+        qa_min_grant_subbands=_same_or(lambda v: lin(*v),
+                                       [lo.qa_min_grant_subbands, hi.qa_min_grant_subbands]),
         R=(R,),
         train_loss=None, heldout_loss=None, gradient_check=None,
         provenance={**lo.provenance, "interpolated_between_R": [lo.R[0], hi.R[0]]})
