@@ -98,6 +98,6 @@ def random_scenario(seed: int, calibrated: bool = False) -> Scenario:
         cfg = dataclasses.replace(cfg, qa_reshare=0.0 if reshare < 0.3 else reshare)
         # QA's fewest subbands a robot's power is spread over drawn last: QA's 1 in about a third
         grant = float(torch.rand((), generator=g))
-        K = 1.0 if grant < 0.3 else 1.0 + (cfg.num_subbands - 1) * grant
-        cfg = dataclasses.replace(cfg, qa_min_grant_subbands=K)
+        width = 1.0 if grant < 0.3 else 1.0 + (cfg.num_subbands - 1) * grant
+        cfg = dataclasses.replace(cfg, qa_min_grant_subbands=width)
     return Scenario(cfg, T, p, B, snr, u, deadline).to()
