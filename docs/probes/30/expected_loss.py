@@ -3,14 +3,15 @@ model run on all 16 cells of each point (the cells of L2-legacy's targets), wher
 32 robots a point (one cell at R = 32 and 64): the loss the constants have in expectation over the
 cells and send paths, on training points only (and the held-out loss for the record).
 argv: calibration files; PATCH (environment, optional): a module of this folder to import first
-(`crowd`, with BETA), of probe (29)'s (`pool`) or of probe (32)'s (`spread`, with GRANT_SB / PF_EXP); SE_MAX (optional): the model's spectral-efficiency cap (probe (31)). Prints one line per file and size: own training / held-out loss."""
+(`crowd`, with BETA), of probe (29)'s (`pool`), of probe (31)'s (`lanes`, with LANE_SB) or of probe (32)'s (`spread`, with GRANT_SB / PF_EXP); SE_MAX (optional): the model's spectral-efficiency cap (probe (31)). Prints one line per file and size: own training / held-out loss."""
 import dataclasses, os, sys
 sys.path.insert(0, "/work/main/benchmarks/diff")
 import torch, yaml
 torch.set_num_threads(1)
 if os.environ.get("PATCH"):
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [here, os.path.join(here, "..", "29"), os.path.join(here, "..", "32")]  # crowd (30), pool (29), spread (32)
+    # crowd (30), pool (29), spread (32), lanes (31; LANE_SB, probe (34))
+    sys.path[:0] = [here, os.path.join(here, "..", "29"), os.path.join(here, "..", "32"), os.path.join(here, "..", "31")]
     __import__(os.environ["PATCH"])
 import calibrate as C
 from isaac_net.core.diff import calibrate

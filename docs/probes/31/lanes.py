@@ -16,6 +16,7 @@ are mapped back by ``step / T``. Equal messages whose work fits the step all com
 a message's time alone on average. At tau = 0 it is not the discrete QA's rule (a probe, not a level).
 """
 import dataclasses
+import os
 
 import torch
 
@@ -23,6 +24,9 @@ from isaac_net.core.diff import model, relax
 from isaac_net.core.diff.model import _fifo_cum, _n_busy, on_air_s
 
 BISECT = 40
+#: ``LANE_SB`` (environment, optional; probe (34)): a robot served takes at most this many subbands, so
+#: that ``S / LANE_SB`` robots are served side by side (default the whole band: one at a time, (31) (g)).
+LANE_SB = os.environ.get("LANE_SB")
 _TINY_S = 1e-9  # a wait shorter than this is no wait (the closed forms divide by W)
 
 
@@ -79,7 +83,7 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
     cum = _fifo_cum(x)  # [E, R, A]
     n = _n_busy(w, tau)  # [E, 1]
     S = float(cfg.num_subbands)
-    full = torch.full_like(headroom, S)
+    full = torch.full_like(headroom, S if LANE_SB is None else float(LANE_SB))
     alloc = torch.minimum(full, headroom) if relax.is_hard(tau) else headroom * relax.smin_const(full / headroom, 1.0, tau)
     se = relax.smin(torch.log2(1.0 + relax.harmonic(n) * snr_lin / relax.smax(alloc, 1.0, tau)), cfg.se_max, tau)
     rate = alloc * se * cfg.bytes_per_se_s
