@@ -443,12 +443,17 @@ def _qa_step_inputs(cfg, g, tau, tau_n, zero_factor: bool):
 AIR = dict(air_factor=4.0, air_crowd_exp=0.8)
 
 
+# A wider grant than QA's (power spread over at least 3 subbands): _qa_step_inputs' headroom lies on
+# both sides of it.
+GRANT = dict(qa_min_grant_subbands=3.0)
+
+
 @pytest.mark.parametrize("zero_factor", [False, True], ids=["no-zero-factor", "zero-factor"])
 @pytest.mark.parametrize("sr_slots", [1, 4], ids=["sr-1", "sr-fills-step"])
-@pytest.mark.parametrize("air", [{}, AIR], ids=["plain-air", "crowd-air"])
+@pytest.mark.parametrize("air", [{}, AIR, GRANT], ids=["plain-air", "crowd-air", "wide-grant"])
 def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air):
     """The fused QAD step (hand-written backward) against autograd of ``model._step``, float64; with a
-    calibrated time on air (its crowd factor and cap) too."""
+    calibrated time on air (its crowd factor and cap) and with a wider grant too."""
     from isaac_net.core.diff._qa_step import qa_step
     from isaac_net.core.diff.model import _step
 
@@ -456,13 +461,16 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air
     tau, tau_n = 0.07, 0.2
     g = torch.Generator().manual_seed(3 + sr_slots)
     inputs = _qa_step_inputs(cfg, g, tau, tau_n, zero_factor)
+    if air is GRANT:  # robots granted fewer subbands than the width and more (share 12 / n >= 3)
+        m = inputs[8].detach()
+        assert float(m.min()) < 3.0 < float(m.max())
     outs = qa_step(*inputs, tau, tau_n, cfg)
     ref = _step(*inputs, tau, tau_n, cfg, "QA")
     for a, b in zip(outs, ref, strict=True):  # bytes up to ~3e4: a remainder x - q + q_older rounds at ~1e-12
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-9)
     if zero_factor:
         assert float(ref[3][1, 1].detach()) == 1.0  # the whole message was delivered: done = 1
-    if air:  # the cap binds somewhere (the energy near tx_w step) and not everywhere
+    if air is AIR:  # the cap binds somewhere (the energy near tx_w step) and not everywhere
         share = (outs.energy_j / (inputs[6] * cfg.step_s)).detach()
         assert float(share.max()) > 0.9 and float(share[share > 0].min()) < 0.5
     weights = [torch.randn(o.shape, generator=g, dtype=F64) for o in outs]
@@ -473,7 +481,7 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air
         assert b.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("air", [{}, AIR], ids=["plain-air", "crowd-air"])
+@pytest.mark.parametrize("air", [{}, AIR, GRANT], ids=["plain-air", "crowd-air", "wide-grant"])
 def test_qa_step_gradcheck(air):
     from isaac_net.core.diff._qa_step import qa_step
 
@@ -1442,16 +1450,41 @@ def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_qa_grant_width_conserves_mass_with_central_difference_gradients(seed):
-    """With ``qa_min_grant_subbands`` > 1 QAD runs through autograd of ``_step`` (the fused node has
-    QA's 1): mass conserved, delivery in [0, 1], d kpi_mix / d p equal to central differences in
-    float64, and just above 1 the fused node's KPIs (QA's rule)."""
+def test_qa_grant_width_runs_on_the_fused_node_as_its_reference_does(seed):
+    """With ``qa_min_grant_subbands`` > 1 QAD's rollout runs on the fused node: its KPIs and d / d p equal
+    autograd of ``_step`` (``slot_grad="autograd"``) in float64 and central differences along a random
+    direction; mass conserved, delivery in [0, 1], KPIs other than QA's rule (K = 1)."""
     s = random_scenario(seed)
-    s = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, num_subbands=max(s.cfg.num_subbands, 4)))
-    mix = _off_fused_node_checks(s, dataclasses.replace(s.cfg, qa_min_grant_subbands=3.0), seed)
-    assert DiffFluid(2, 3, mode="QA", tau=0.1, cfg=s.cfg, dtype=F64).fused_rollout
-    near = mix(dataclasses.replace(s.cfg, qa_min_grant_subbands=1.0 + 1e-9), s.p.to(F64))
-    assert near == pytest.approx(mix(s.cfg, s.p.to(F64)), rel=1e-6)
+    cfg = dataclasses.replace(s.cfg, num_subbands=max(s.cfg.num_subbands, 4))
+    wide = dataclasses.replace(cfg, qa_min_grant_subbands=3.0)
+    E, R = s.p.shape
+
+    def run(c, p, slot_grad="recompute"):
+        net = DiffFluid(E, R, mode="QA", tau=0.1, cfg=c, dtype=F64)
+        net.slot_grad = slot_grad
+        assert net.fused_rollout == (slot_grad != "autograd")
+        return rollout(net, s.T, p, s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
+
+    outs, grads = [], []
+    for slot_grad in ("recompute", "autograd"):
+        p = s.p.to(F64).clone().requires_grad_()
+        k = run(wide, p, slot_grad)
+        names = ("mean_delay", "delivery_ratio", "mean_aoi", "mean_energy_j", "mean_throughput_bytes_per_s")
+        outs.append(torch.stack([k[name].detach() for name in names]))
+        grads.append(torch.autograd.grad(kpi_mix(k), p)[0])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-12)
+    p = s.p.to(F64).clone().requires_grad_()
+    k = run(wide, p)
+    assert 0.0 <= float(k["delivery_ratio"]) <= 1.0
+    left = k["delivered"] + k["timeouts"] + k["overflow"] + k["queued_msgs"]
+    torch.testing.assert_close(left.detach(), k["offered"].detach(), rtol=0, atol=TOL["mass_abs"])
+    d = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    h = 1e-6
+    p0 = s.p.to(F64)
+    fd = (float(kpi_mix(run(wide, p0 + h * d))) - float(kpi_mix(run(wide, p0 - h * d)))) / (2 * h)
+    assert float((grads[0] * d).sum()) == pytest.approx(fd, rel=TOL["fd_rel"], abs=1e-8)
+    assert abs(float(kpi_mix(run(cfg, s.p.to(F64)))) - float(kpi_mix(k))) > 1e-6
 
 
 def test_qa_grant_width_is_qas_and_refused_elsewhere():

@@ -16,7 +16,7 @@ cell):
     m_0 = \sum_a w_a,\ adm = \sigma((F - \tfrac12 - m_0)/\tau_n),\ w_0 \leftarrow s\,adm,\
     x_0 \leftarrow w_0 B,\ cum_a = \sum_{k \ge a} x_k,\ b = \mathrm{smin}(\sum_a w_a, 1),\
     n = \sum_r b,\ sh = S / \mathrm{smax}(n, 1),\ al = m\,\mathrm{smin}(sh / m, 1),\\
-    se = \mathrm{smin}(\log_2(1 + H(n)\,snr / \mathrm{smax}(al, 1)), se_{max}),\
+    se = \mathrm{smin}(\log_2(1 + H(n)\,snr / \mathrm{smax}(al, K)), se_{max}),\
     av = T_{step} - (1 - \mathrm{smin}(m_0, 1))\,T_{SR},\ srv = al\,se\,\kappa\,av,\\
     z_a = (\log srv - \log cum_a)/\tau,\ c = \sigma(z),\ q = cum\,c^\tau,\
     frac = (1 - c)^\tau,\ rest_a = x_a - q_a + q_{a+1},\\
@@ -48,7 +48,8 @@ from isaac_net.core.kpi import Totals
 
 # The step's scalars besides the temperature's, in the order of ``_Consts.vector``.
 _SCALARS = ("one", "neg_inf", "inv_tau_n", "buffer_limit", "subbands", "se_max", "inv_se_max", "kappa",
-            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "one_minus_A", "air_factor", "air_crowd_exp")
+            "sr_full_s", "step_s", "inv_step_s", "inv_ln2", "one_minus_A", "air_factor", "air_crowd_exp",
+            "inv_grant")
 
 
 class _Consts:
@@ -65,6 +66,7 @@ class _Consts:
             inv_se_max=1.0 / cfg.se_max, kappa=cfg.bytes_per_se_s, sr_full_s=cfg.qa_sr_slots * cfg.slot_s,
             step_s=cfg.step_s, inv_step_s=1.0 / cfg.step_s, inv_ln2=1.0 / LN2,
             one_minus_A=1.0 - A, air_factor=cfg.air_factor, air_crowd_exp=cfg.air_crowd_exp,
+            inv_grant=1.0 / cfg.qa_min_grant_subbands,
         )
         temp = Temperature.of(tau, dtype, device)
         vector = torch.cat([torch.stack(temp), torch.tensor([values[n] for n in _SCALARS], dtype=dtype,
@@ -218,11 +220,13 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     sr, d_sr = smin1_vjp(ratio, k.temp, clamp=False)  # share / m >= 1 / (smax(n, 1) m) > 0
     alloc = m * sr
     gain = harmonic(n)  # the PF gain H(n) (its series where digamma(n + 1) + gamma cancels, at tiny n)
-    # smax(a, 1) = a / smin(a, 1) (alloc >= smin(share / m, 1) > 0, no clamp), and its derivative
-    # (1 - a smin'(a, 1) / smin(a, 1)) / smin(a, 1)
-    s1, d_s1 = smin1_vjp(alloc, k.temp, clamp=False)
+    # the subbands the power is spread over, smax(a, K) = K smax(a / K, 1) = a / smin(a / K, 1) (alloc >=
+    # smin(share / m, 1) > 0, no clamp), and its derivative (1 - (a / K) smin'(a / K, 1) / smin(a / K, 1))
+    # / smin(a / K, 1); K = 1 (QA's rule) multiplies by 1, exactly
+    a_k = alloc * k.inv_grant
+    s1, d_s1 = smin1_vjp(a_k, k.temp, clamp=False)
     sa = alloc / s1
-    d_sa = (k.one - alloc * d_s1 / s1).div_(s1)
+    d_sa = (k.one - a_k * d_s1 / s1).div_(s1)
     snr_g = gain * snr_lin / sa
     y = torch.log2(snr_g + k.one)
     v, d_v = smin1_vjp(y * k.inv_se_max, k.temp)
@@ -492,7 +496,7 @@ def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, g_sn_air,
     g_rate0 = (g_served * s.avail + g_rate_e) * k.kappa
     g_alloc = g_rate0 * s.se
     g_se = g_rate0 * s.alloc
-    # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, 1).
+    # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, K).
     g_sg = g_se * s.d_v * k.inv_ln2 / (s.snr_g + k.one)
     g_snr = g_sg * s.gain / s.sa if needs.snr_lin else None
     g_gain = g_sg * s.snr_lin / s.sa

@@ -511,12 +511,10 @@ def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slot_grad: 
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
     soft only: not at tau = 0 (the hard operations), not ``slot_grad="autograd"`` (autograd through
     ``_step``), not compiled unless on the CPU (where the node's forward runs as a compiled kernel), and
-    not with mean-field sends' backlog closure, QA's re-shared time or a wider grant than QA's
-    (``cfg.mf_backlog_closure``, ``cfg.qa_reshare``, ``cfg.qa_min_grant_subbands`` > 1: autograd through
-    ``_step``)."""
+    not with mean-field sends' backlog closure or QA's re-shared time (``cfg.mf_backlog_closure``,
+    ``cfg.qa_reshare``: autograd through ``_step``)."""
     return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slot_grad != "autograd"
-            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure and cfg.qa_reshare == 0
-            and cfg.qa_min_grant_subbands == 1.0)
+            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure and cfg.qa_reshare == 0)
 
 
 _COMPILED_STEPS: dict = {}

@@ -66,7 +66,7 @@ def model_envs_for(R: int, model_robots: int, envs: int, load_spread: float = 0.
 
 def _same_or(form, values: list) -> float:
     """The value all ``values`` share, exactly, else ``form(values)``: a constant that the fits share
-    (QA's grant width 1, which the fused node and the mode checks test for equality) stays that value
+    (QA's grant width 1, which the mode checks test for equality: L1D's must be 1) stays that value
     where a line or a weighted mean of equal values would come out one rounding off."""
     return values[0] if all(v == values[0] for v in values) else form(values)
 
