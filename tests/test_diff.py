@@ -447,14 +447,22 @@ AIR = dict(air_factor=4.0, air_crowd_exp=0.8)
 # A wider grant than QA's (power spread over at least 3 subbands): _qa_step_inputs' headroom lies on
 # both sides of it.
 GRANT = dict(qa_min_grant_subbands=3.0)
+# Mean-field sends' backlog closure (a robot's own count and busy chance); with the crowd's time on air
+# too (a robot's own crowd), as the calibrated QAD mean-field cell has both.
+CLOSURE = dict(mf_backlog_closure=True)
+CLOSURE_AIR = dict(mf_backlog_closure=True, **AIR)
+STEP_RULES = pytest.mark.parametrize(
+    "air", [{}, AIR, GRANT, CLOSURE, CLOSURE_AIR],
+    ids=["plain-air", "crowd-air", "wide-grant", "closure", "closure-crowd-air"])
 
 
 @pytest.mark.parametrize("zero_factor", [False, True], ids=["no-zero-factor", "zero-factor"])
 @pytest.mark.parametrize("sr_slots", [1, 4], ids=["sr-1", "sr-fills-step"])
-@pytest.mark.parametrize("air", [{}, AIR, GRANT], ids=["plain-air", "crowd-air", "wide-grant"])
+@STEP_RULES
 def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air):
     """The fused QAD step (hand-written backward) against autograd of ``model._step``, float64; with a
-    calibrated time on air (its crowd factor and cap) and with a wider grant too."""
+    calibrated time on air (its crowd factor and cap), with a wider grant and with the backlog closure
+    (and it with the crowd's time on air) too."""
     from isaac_net.core.diff._qa_step import qa_step
     from isaac_net.core.diff.model import _step
 
@@ -471,6 +479,8 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-9)
     if zero_factor:
         assert float(ref[3][1, 1].detach()) == 1.0  # the whole message was delivered: done = 1
+    if air.get("mf_backlog_closure"):  # the empty robot that does not send sits on the chance's floor
+        assert float(ref.w[2, 3].detach().sum()) == 0.0
     if air is AIR:  # the cap binds somewhere (the energy near tx_w step) and not everywhere
         share = (outs.energy_j / (inputs[6] * cfg.step_s)).detach()
         assert float(share.max()) > 0.9 and float(share[share > 0].min()) < 0.5
@@ -482,7 +492,7 @@ def test_qa_step_backward_equals_autograd_of_the_step(zero_factor, sr_slots, air
         assert b.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("air", [{}, AIR, GRANT], ids=["plain-air", "crowd-air", "wide-grant"])
+@STEP_RULES
 def test_qa_step_gradcheck(air):
     from isaac_net.core.diff._qa_step import qa_step
 
@@ -712,7 +722,7 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
 
     # QAD on the CPU: the fused node's forward kernel (the compiled step is not built)
     step = (model._compiled_step(mode, "recompute") if mode == "L1"
-            else _qa_step.FORWARD_KERNELS[COMPILE_CFG.qa_sr_slots == COMPILE_CFG.num_slots])
+            else _qa_step.forward_kernel(COMPILE_CFG))
     g = torch.Generator().manual_seed(6)
     first, kernels, steps = True, None, None
     for R, radio in ((3, "pos"), (3, "snr"), (5, "pos"), (5, "snr")):
@@ -738,15 +748,16 @@ def test_compiled_step_compiles_once_for_every_batch_size(mode):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("compiled-QA")
-def test_qad_compiled_rollout_is_its_fused_node_with_the_forward_compiled():
+@pytest.mark.parametrize("closure", [False, True], ids=["plain", "backlog-closure"])
+def test_qad_compiled_rollout_is_its_fused_node_with_the_forward_compiled(closure):
     """On the CPU ``compile=True`` runs QAD's rollout as its fused node, whose forward is one compiled
-    kernel a step (``FORWARD_KERNELS``) and whose backward is the hand-written adjoint: the values
-    and gradients of the eager node (float64), at two batch sizes of one compile, and no compiled
-    step is built, loaded or traced."""
+    kernel a step (``FORWARD_KERNELS``; with mean-field sends' backlog closure a kernel of its own)
+    and whose backward is the hand-written adjoint: the values and gradients of the eager node
+    (float64), at two batch sizes of one compile, and no compiled step is built, loaded or traced."""
     from isaac_net.core.diff import _qa_step, model
 
-    cfg = COMPILE_CFG
-    kernel = _qa_step.FORWARD_KERNELS[cfg.qa_sr_slots == cfg.num_slots]
+    cfg = dataclasses.replace(COMPILE_CFG, mf_backlog_closure=closure)
+    kernel = _qa_step.forward_kernel(cfg)
     before = {k: (f.num_compiles, f.num_loads, f.num_fallbacks) for k, f in model._COMPILED_STEPS.items()}
     counts = None
     for E in (3, 7):
@@ -845,7 +856,7 @@ def test_qads_forward_kernel_is_loaded_by_a_later_process(tmp_path, monkeypatch)
 
     for first in (True, False):
         kernel = _kernels.Kernel(_qa_step._forward_kernel, dim=(-2, -1))
-        monkeypatch.setitem(_qa_step.FORWARD_KERNELS, False, kernel)
+        monkeypatch.setitem(_qa_step.FORWARD_KERNELS, (False, False), kernel)
         out = run()
         assert (kernel.num_compiles, kernel.num_loads) == ((1, 0) if first else (0, 1))
         if first:
@@ -1324,16 +1335,21 @@ def test_the_backlog_closure_serves_a_mean_field_robot_as_whole_messages():
 
 
 def test_the_backlog_closure_counts_the_robots_a_backlogged_robot_shares_with():
-    """The closure's busy chance and count (``model._backlog_closure``): 1 - exp(-m) per robot, and
-    for each robot 1 plus the others' chances (a robot with nothing queued counts ~0 for the others)."""
-    from isaac_net.core.diff.model import _backlog_closure
+    """The closure's busy chance and count (``relax.backlog_closure``): 1 - exp(-m) per robot, and
+    for each robot 1 plus the others' chances (a robot with nothing queued counts ~0 for the others);
+    the chance's derivative exp(-m), 0 on its floor, as autograd's."""
+    from isaac_net.core.diff.relax import backlog_closure
 
-    w = torch.tensor([[[0.3, 0.0], [1.0, 0.5], [0.0, 0.0]]], dtype=F64)  # [E=1, R=3, A=2]
-    busy, n = _backlog_closure(w)
-    expect = [1.0 - math.exp(-0.3), 1.0 - math.exp(-1.5), 1e-6]
+    mass = torch.tensor([[0.3, 1.5, 0.0, 2e-7]], dtype=F64, requires_grad=True)  # [E=1, R=4]
+    busy, n, d_busy = backlog_closure(mass)
+    expect = [1.0 - math.exp(-0.3), 1.0 - math.exp(-1.5), 1e-6, 1e-6]
     torch.testing.assert_close(busy, torch.tensor([expect], dtype=F64), rtol=1e-12, atol=0.0)
-    others = [expect[1] + expect[2], expect[0] + expect[2], expect[0] + expect[1]]
+    others = [sum(expect) - b for b in expect]
     torch.testing.assert_close(n, 1.0 + torch.tensor([others], dtype=F64), rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(d_busy, torch.tensor([[math.exp(-0.3), math.exp(-1.5), 0.0, 0.0]], dtype=F64),
+                               rtol=1e-12, atol=0.0)
+    grad, = torch.autograd.grad(busy.sum(), mass)
+    torch.testing.assert_close(d_busy, grad, rtol=1e-12, atol=0.0)
 
 
 def _calibrated_rule_checks(s, cfg: CellConfig, seed: int, tau: float = 0.1, fused: bool = False):
@@ -1367,16 +1383,34 @@ def _calibrated_rule_checks(s, cfg: CellConfig, seed: int, tau: float = 0.1, fus
     return mix
 
 
+def _fused_equals_autograd(s, cfg: CellConfig, tau: float = 0.1) -> None:
+    """QAD's rollout with ``cfg`` on scenario ``s`` on the fused node equals autograd of ``_step``
+    (``slot_grad="autograd"``) in float64: every batch KPI and d kpi_mix / d p."""
+    E, R = s.p.shape
+    outs, grads = [], []
+    for slot_grad in ("recompute", "autograd"):
+        net = DiffFluid(E, R, mode="QA", tau=tau, cfg=cfg, dtype=F64)
+        net.slot_grad = slot_grad
+        assert net.fused_rollout == (slot_grad == "recompute")
+        p = s.p.to(F64).clone().requires_grad_()
+        k = rollout(net, s.T, p, s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
+        outs.append(torch.stack([k[name].detach() for name in BATCH_KEYS]))
+        grads.append(torch.autograd.grad(kpi_mix(k), p)[0])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_the_backlog_closure_conserves_mass_and_runs_off_the_fused_node(seed):
-    """With the closure QAD runs through autograd of ``_step`` (the fused node has no closure): mass
-    conserved and delivery in [0, 1] on random scenarios, gradients equal to central differences in
-    float64, other KPIs than without it; at tau = 0 (the hard path) the closure is off, so the
-    discrete equivalence is untouched; and sampled sends with it are refused."""
+def test_the_backlog_closure_runs_on_the_fused_node_as_its_reference_does(seed):
+    """With the closure QAD runs on the fused node: mass conserved and delivery in [0, 1] on random
+    scenarios, gradients equal to central differences in float64, other KPIs than without it, KPIs
+    and d kpi_mix / d p equal to autograd of ``_step``; at tau = 0 (the hard path) the closure is off,
+    so the discrete equivalence is untouched; and sampled sends with it are refused."""
     s = random_scenario(seed)
     on = dataclasses.replace(s.cfg, mf_backlog_closure=True)
     E, R = s.p.shape
-    _calibrated_rule_checks(s, on, seed)
+    _calibrated_rule_checks(s, on, seed, fused=True)
+    _fused_equals_autograd(s, on)
     hard = [rollout(DiffFluid(E, R, mode="QA", tau=0.0, cfg=c, dtype=F64), s.T, s.p.to(F64), s.B.to(F64),
                     snr_db=s.snr_db.to(F64), warmup=2) for c in (on, s.cfg)]
     assert float(kpi_mix(hard[0])) == float(kpi_mix(hard[1]))
@@ -1460,17 +1494,7 @@ def test_qa_grant_width_runs_on_the_fused_node_as_its_reference_does(seed):
     s = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, num_subbands=max(s.cfg.num_subbands, 4)))
     wide = dataclasses.replace(s.cfg, qa_min_grant_subbands=3.0)
     _calibrated_rule_checks(s, wide, seed, fused=True)
-    E, R = s.p.shape
-    outs, grads = [], []
-    for slot_grad in ("recompute", "autograd"):
-        net = DiffFluid(E, R, mode="QA", tau=0.1, cfg=wide, dtype=F64)
-        net.slot_grad = slot_grad
-        p = s.p.to(F64).clone().requires_grad_()
-        k = rollout(net, s.T, p, s.B.to(F64), snr_db=s.snr_db.to(F64), warmup=2)
-        outs.append(torch.stack([k[name].detach() for name in BATCH_KEYS]))
-        grads.append(torch.autograd.grad(kpi_mix(k), p)[0])
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-12)
+    _fused_equals_autograd(s, wide)
 
 
 def test_qa_grant_width_is_qas_and_refused_elsewhere():

@@ -39,7 +39,7 @@ class CellConfig:
     # sends' binomial spread times load_spread (relax.spread_sends; docs/design.md, "Calibration").
     load_spread: float = 0.0  # scale of the mean-field sends' load spread (0: p at every step)
     # Mean-field sends (QAD): a robot holding an expected m messages is backlogged with the chance
-    # 1 - exp(-m) of a Poisson count and then holds whole messages (model._backlog_closure;
+    # 1 - exp(-m) of a Poisson count and then holds whole messages (relax.backlog_closure;
     # docs/design.md, "Calibration", probe (22)). Off: QAD's own backlog weight smin(m, 1).
     mf_backlog_closure: bool = False
     # QA's interval (QA and QAD): the share of the band's time of a robot not being served (its queue

@@ -25,6 +25,11 @@ cell):
     \text{a calibrated cell: } tx \leftarrow T_{step}\,\mathrm{smin}(tx\,f_{air}\,
     \mathrm{smax}(n, 1)^{\alpha} / T_{step}, 1)\ \text{(\_crowd\_on\_air)}.
 
+With mean-field sends' backlog closure (``CellConfig.mf_backlog_closure``, ``relax.backlog_closure``)
+a robot's own count replaces the cell's: :math:`b = \max(1 - e^{-\sum_a w_a}, b_{min})`,
+:math:`n_r = 1 + \sum_{k \ne r} b_k` (``[E, R]``, and so ``sh``, ``H(n)`` and the crowd per robot),
+and :math:`srv = b\,al\,se\,\kappa\,av`.
+
 The AoI is written as ``1 + sum_{a < A-1} P_a + (aoi + 1 - A) P_{A-1}`` with
 ``P = cumprod(1 - w c)`` (the same value as ``model._step``'s sum over the freshest
 delivery); the cumprod's adjoint is computed without dividing by its factors, which are
@@ -41,6 +46,7 @@ import torch
 
 from isaac_net.core._kernels import Kernel, own_storage
 from isaac_net.core.config import CellConfig
+from isaac_net.core.diff import relax
 from isaac_net.core.diff._l1_loop import LN2
 from isaac_net.core.diff._outputs import RolloutEnd, StepArgs, StepOut, split_rollout
 from isaac_net.core.diff.relax import Temperature, harmonic, harmonic_deriv, smax1_vjp, smin1_vjp
@@ -72,23 +78,24 @@ class _Consts:
         vector = torch.cat([torch.stack(temp), torch.tensor([values[n] for n in _SCALARS], dtype=dtype,
                                                             device=device)])
         self._set(vector, torch.arange(A, dtype=dtype, device=device).reshape(A, 1, 1).clone(),
-                  cfg.qa_sr_slots == cfg.num_slots)
+                  cfg.qa_sr_slots == cfg.num_slots, cfg.mf_backlog_closure)
         self.air = not cfg.air_is_plain  # the time on air's crowd factor and cap (_crowd_on_air)
 
-    def _set(self, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool) -> None:
+    def _set(self, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool, closure: bool) -> None:
         # tau, neg_tau, inv_tau, neg_inv_tau, tiny, zero: shared with the relaxations' value-derivative pairs
         n_temp = len(Temperature._fields)
         self.temp = Temperature._make(vector[i] for i in range(n_temp))
         for name, value in zip((*Temperature._fields, *_SCALARS), vector.unbind(), strict=True):
             setattr(self, name, value)
-        self.vector, self.ages, self.sr_fills_step = vector, ages, sr_fills_step
+        self.vector, self.ages, self.sr_fills_step, self.closure = vector, ages, sr_fills_step, closure
 
     @classmethod
-    def of_vector(cls, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool) -> "_Consts":
+    def of_vector(cls, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool,
+                  closure: bool) -> "_Consts":
         """The constants from ``vector`` (``[len(Temperature._fields) + len(_SCALARS)]``) and ``ages``
         (``[A, 1, 1]``): inside a compiled kernel, where they are its inputs."""
         k = cls.__new__(cls)
-        k._set(vector, ages, sr_fills_step)
+        k._set(vector, ages, sr_fills_step, closure)
         k.air = False  # a kernel's step is the plain one; _crowd_on_air runs after it
         return k
 
@@ -150,6 +157,7 @@ class _Tape(typing.NamedTuple):
     admit: torch.Tensor
     w0: torch.Tensor
     w1: torch.Tensor
+    busy: torch.Tensor
     d_busy: torch.Tensor
     sn: torch.Tensor
     d_sn: torch.Tensor
@@ -211,9 +219,12 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
 
     # 2. Service: one processor-sharing interval.
     cum = _rev_cumsum(x1)
-    # busy = smin(sum_a w1, 1) and the was-empty gate's smin(m0, 1) in one pass
-    (busy, e), (d_busy, d_e) = smin1_vjp(torch.stack([w1.sum(0), m0]), k.temp)
-    n = busy.sum(-1, keepdim=True)
+    if k.closure:  # mean-field sends' backlog closure: busy = P(Poisson(sum_a w1) > 0), n [E, R]
+        busy, n, d_busy = relax.backlog_closure(w1.sum(0))
+        e, d_e = smin1_vjp(m0, k.temp)
+    else:  # busy = smin(sum_a w1, 1) and the was-empty gate's smin(m0, 1) in one pass; n [E, 1]
+        (busy, e), (d_busy, d_e) = smin1_vjp(torch.stack([w1.sum(0), m0]), k.temp)
+        n = busy.sum(-1, keepdim=True)
     sn, d_sn = smax1_vjp(n, k.temp)
     share = k.subbands / sn
     ratio = share / m
@@ -236,7 +247,8 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     rate = alloc * se * k.kappa
     sr_s = (k.one - e).mul_(k.sr_full_s)
     avail = k.step_s - sr_s
-    served = rate * avail
+    # with the closure a robot is served busy rate avail in expectation (model._service_qa)
+    served = rate * avail * busy if k.closure else rate * avail
     served_c = torch.clamp_min(served, k.tiny)
     cum_c = torch.clamp_min(cum, k.tiny)
     z = (torch.log(served_c) - torch.log(cum_c)).mul_(k.inv_tau)
@@ -265,7 +277,7 @@ def _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k: _Consts) -> 
     outputs, done, w2, none_yet, aoi_coef = _kpis_and_shift(w1, c, fin, rest, aoi, keep, tx_w, tx_s,
                                                             msg_bytes, overflow, k)
     return outputs, _Tape(send=send, msg_bytes=msg_bytes, snr_lin=snr_lin, tx_w=tx_w, keep=keep, m=m,
-                          admit=admit, w0=w0, w1=w1, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
+                          admit=admit, w0=w0, w1=w1, busy=busy, d_busy=d_busy, sn=sn, d_sn=d_sn, share=share,
                           ratio=ratio, sr=sr, d_sr=d_sr, alloc=alloc, n=n, gain=gain, sa=sa, d_sa=d_sa,
                           snr_g=snr_g, se=se, d_v=d_v, rate=rate, d_e=d_e, avail=avail, served=served,
                           served_c=served_c, cum=cum, cum_c=cum_c, c=c, ct=ct, q=q, frac=frac,
@@ -315,29 +327,49 @@ def _crowd_on_air(out: StepOut, s: _Tape, k: _Consts) -> tuple[StepOut, _Tape]:
 
 
 def _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages,
-                  sr_fills_step: bool) -> tuple:
+                  sr_fills_step: bool, closure: bool) -> tuple:
     """``_forward`` on tensors only (``consts``, ``ages``: ``_Consts.vector`` and ``.ages``): the
     step's outputs, then the tape's own tensors (``_TAPE_OWN``)."""
     out, tape = _forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
-                         _Consts.of_vector(consts, ages, sr_fills_step))
+                         _Consts.of_vector(consts, ages, sr_fills_step, closure))
     return (*out, *(getattr(tape, f) for f in _TAPE_OWN))
 
 
+# A kernel's function for each of _forward's two static branches (a kernel has no branch on values).
 def _forward_kernel(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages) -> tuple:
-    """``_forward_flat`` where the scheduling request leaves part of the step (a kernel's function)."""
-    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, False)
+    """``_forward_flat`` where the scheduling request leaves part of the step."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, False, False)
 
 
 def _forward_kernel_sr_fills_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts,
                                   ages) -> tuple:
-    """``_forward_flat`` where the scheduling request fills the step (a kernel's function)."""
-    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, True)
+    """``_forward_flat`` where the scheduling request fills the step."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, True, False)
 
 
-# compile=True's QAD forward on the CPU, by ``sr_fills_step``. E and R are the last two dimensions of
-# [A, E, R] and [E, R] ([E, 1]: R's size 1 static): one compile serves every E and R (A is static).
-FORWARD_KERNELS = {False: Kernel(_forward_kernel, dim=(-2, -1)),
-                   True: Kernel(_forward_kernel_sr_fills_step, dim=(-2, -1))}
+def _forward_kernel_closure(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages) -> tuple:
+    """``_forward_flat`` with the backlog closure, where the scheduling request leaves part of the step."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, False, True)
+
+
+def _forward_kernel_closure_sr_fills_step(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts,
+                                          ages) -> tuple:
+    """``_forward_flat`` with the backlog closure, where the scheduling request fills the step."""
+    return _forward_flat(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, consts, ages, True, True)
+
+
+# compile=True's QAD forward on the CPU, by ``(sr_fills_step, closure)`` (``forward_kernel``). E and R are
+# the last two dimensions of [A, E, R] and [E, R] ([E, 1]: R's size 1 static): one compile serves every
+# E and R (A is static).
+FORWARD_KERNELS = {(False, False): Kernel(_forward_kernel, dim=(-2, -1)),
+                   (True, False): Kernel(_forward_kernel_sr_fills_step, dim=(-2, -1)),
+                   (False, True): Kernel(_forward_kernel_closure, dim=(-2, -1)),
+                   (True, True): Kernel(_forward_kernel_closure_sr_fills_step, dim=(-2, -1))}
+
+
+def forward_kernel(cfg: CellConfig) -> Kernel:
+    """The compiled forward kernel (``FORWARD_KERNELS``) a QAD cell ``cfg`` runs."""
+    return FORWARD_KERNELS[cfg.qa_sr_slots == cfg.num_slots, cfg.mf_backlog_closure]
 
 
 def _own_storage(tensors: tuple) -> list:
@@ -355,8 +387,8 @@ def _own_storage(tensors: tuple) -> list:
 def _compiled_forward(x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
                       k: _Consts) -> tuple[StepOut, _Tape]:
     """``_forward`` (the same arguments and results) through its compiled kernel."""
-    flat = FORWARD_KERNELS[k.sr_fills_step](*_own_storage((x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m,
-                                                            k.vector, k.ages)))
+    kernel = FORWARD_KERNELS[k.sr_fills_step, k.closure]
+    flat = kernel(*_own_storage((x, w, aoi, send, msg_bytes, snr_lin, tx_w, keep, m, k.vector, k.ages)))
     n = len(StepOut._fields)
     tape = _Tape(**dict(zip(_TAPE_INPUTS, (send, msg_bytes, snr_lin, tx_w, keep, m), strict=True)),
                  **dict(zip(_TAPE_OWN, flat[n:], strict=True)))
@@ -441,7 +473,7 @@ def _adjoint_kpis(s: _Tape, grads: StepOut, g_delivered, g_w2, g_f, k: _Consts, 
     else:  # tx_air = step smin(tx_s crowd / step, 1); crowd = air_factor sn^air_crowd_exp
         g_tx_w = g_energy * s.tx_air if needs.tx_w else None
         g_cap = g_tx * s.d_cap
-        g_sn_air = (g_cap * s.tx_s).sum(-1, keepdim=True) * (k.air_crowd_exp * s.crowd / s.sn)
+        g_sn_air = _to_cell(g_cap * s.tx_s, k) * (k.air_crowd_exp * s.crowd / s.sn)
         g_tx = g_cap * s.crowd
     rb = s.se_f * k.subbands * k.kappa
     u = s.rate / rb
@@ -483,17 +515,26 @@ def _adjoint_completion(s: _Tape, g_rest, g_c, g_frac, g_q0, k: _Consts) -> tupl
     return g_x1, g_served
 
 
+def _to_cell(g: torch.Tensor, k: _Consts) -> torch.Tensor:
+    """The gradient ``g`` ``[E, R]`` of a quantity per robot in that of the cell's own (``n``, ``smax(n, 1)``
+    and the share, ``[E, 1]``) it broadcasts from; with the backlog closure they are a robot's own,
+    ``[E, R]``, and ``g`` is theirs."""
+    return g if k.closure else g.sum(-1, keepdim=True)
+
+
 def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, g_sn_air, k: _Consts,
                   needs: StepArgs) -> tuple:
     """2. The rate: served = rate avail (and the energy's ``g_rate_e``, its gradient in the rate) down
     to the allocation, the PF gain and the busy robots (and the time on air's ``g_sn_air`` in
     ``smax(n, 1)``, or None). Adds into ``g_avail`` and ``g_w1`` (in place); ``(g_m0, g_snr, g_m)``
     (``g_snr``, ``g_m`` None unless needed)."""
-    # served = rate avail; avail = T_step - sr_s; sr_s = (1 - e) T_SR, e = smin(m0, 1).
-    g_avail += g_served * s.rate
+    # served = rate avail (busy rate avail with the closure); avail = T_step - sr_s; sr_s = (1 - e) T_SR,
+    # e = smin(m0, 1).
+    g_sv = g_served * s.busy if k.closure else g_served  # d served / d (rate avail)
+    g_avail += g_sv * s.rate
     g_m0 = (g_avail - g_sr_s).mul_(k.sr_full_s).mul_(s.d_e)
     # rate = alloc se kappa.
-    g_rate0 = (g_served * s.avail + g_rate_e) * k.kappa
+    g_rate0 = (g_sv * s.avail + g_rate_e) * k.kappa
     g_alloc = g_rate0 * s.se
     g_se = g_rate0 * s.alloc
     # se = se_max smin(y / se_max, 1); y = log2(1 + snr_g); snr_g = gain snr / sa; sa = smax(alloc, K).
@@ -504,11 +545,14 @@ def _adjoint_rate(s: _Tape, g_served, g_rate_e, g_avail, g_sr_s, g_w1, g_sn_air,
     # alloc = m sr, sr = smin(ratio, 1), ratio = share / m; share = S / sn, sn = smax(n, 1); gain = H(n).
     g_ratio = g_alloc * s.m * s.d_sr
     g_m = g_alloc * s.sr - g_ratio * s.ratio / s.m if needs.headroom else None
-    g_share = (g_ratio / s.m).sum(-1, keepdim=True)
+    g_share = _to_cell(g_ratio / s.m, k)
     g_sn = -g_share * s.share / s.sn if g_sn_air is None else g_sn_air - g_share * s.share / s.sn
-    g_n = g_gain.sum(-1, keepdim=True) * harmonic_deriv(s.n) + g_sn * s.d_sn
-    # n = sum_r busy; busy = smin(sum_a w1, 1).
-    g_w1 += g_n * s.d_busy
+    g_n = _to_cell(g_gain, k) * harmonic_deriv(s.n) + g_sn * s.d_sn
+    if k.closure:  # n_j = 1 + sum_k busy_k - busy_j, and served = busy rate avail
+        g_busy = g_n.sum(-1, keepdim=True) - g_n + g_served * s.rate * s.avail
+    else:  # n = sum_r busy; busy = smin(sum_a w1, 1)
+        g_busy = g_n
+    g_w1 += g_busy * s.d_busy
     return g_m0, g_snr, g_m
 
 

@@ -136,20 +136,6 @@ def _n_busy(w, tau):
     return relax.soft_busy(w.sum(-1), tau).sum(-1, keepdim=True)
 
 
-#: The least chance of being backlogged the closure serves with: a robot with nothing queued is
-#: served nothing either way, and its served bytes stay away from exact 0 (log in fifo_serve).
-_MIN_BUSY = 1e-6
-
-
-def _backlog_closure(w):
-    """Mean-field sends' backlog (``CellConfig.mf_backlog_closure``) from the queue's mass ``w``
-    ``[E, R, A]``: ``(busy, n)``, each ``[E, R]``. A robot holding an expected ``m`` messages is
-    backlogged with the chance ``busy = 1 - exp(-m)`` of a Poisson count, and a backlogged robot shares
-    the band with itself and the others' chances, ``n = 1 + sum_{k != j} busy_k``."""
-    busy = torch.clamp(-torch.expm1(-w.sum(-1)), min=_MIN_BUSY)
-    return busy, busy.sum(-1, keepdim=True) - busy + 1.0
-
-
 def on_air_s(x, rest, snr_lin, cfg: CellConfig, tau, own_rate=None, n_busy=None):
     """The transmit time of L1D and QAD ``[E, R]``, s: the bytes the robot sent in the step (``x - rest``
     ``[E, R, A]``, summed) at the rate of the whole band, ``S smin(log2(1 + snr / S), se_max)``
@@ -266,7 +252,7 @@ def _service_qa(x, w, mass_before, snr_lin, headroom, cfg: CellConfig, tau: floa
     cum = _fifo_cum(x)
     closure = cfg.mf_backlog_closure and not relax.is_hard(tau)
     if closure:
-        busy, n = _backlog_closure(w)
+        busy, n, _ = relax.backlog_closure(w.sum(-1), deriv=False)
     else:
         n = _n_busy(w, tau)
     sn = relax.smax(n, 1.0, tau)
@@ -511,10 +497,9 @@ def _runs_fused(mode: str, compiled: bool, tau: float, tau_n: float, slot_grad: 
     """Whether the step runs through the mode's fused node (``Mode.fused_step``; QAD's ``_qa_step``),
     soft only: not at tau = 0 (the hard operations), not ``slot_grad="autograd"`` (autograd through
     ``_step``), not compiled unless on the CPU (where the node's forward runs as a compiled kernel), and
-    not with mean-field sends' backlog closure or QA's re-shared time (``cfg.mf_backlog_closure``,
-    ``cfg.qa_reshare``: autograd through ``_step``)."""
+    not with QA's re-shared time (``cfg.qa_reshare``: autograd through ``_step``)."""
     return (MODES[mode].fused_step is not None and tau > 0 and tau_n > 0 and slot_grad != "autograd"
-            and (not compiled or device.type == "cpu") and not cfg.mf_backlog_closure and cfg.qa_reshare == 0)
+            and (not compiled or device.type == "cpu") and cfg.qa_reshare == 0)
 
 
 _COMPILED_STEPS: dict = {}

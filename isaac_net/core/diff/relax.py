@@ -331,6 +331,29 @@ def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
     return smin(mass, 1.0, tau)
 
 
+#: The least chance of being backlogged :func:`backlog_closure` gives: a robot with nothing queued is
+#: served nothing either way, and its served bytes stay away from exact 0 (log in fifo_serve).
+MIN_BUSY = 1e-6
+
+
+def backlog_closure(mass: torch.Tensor, *, deriv: bool = True):
+    """Mean-field sends' backlog closure (``CellConfig.mf_backlog_closure``): a robot holding an
+    expected ``mass`` messages as a Poisson count is backlogged with the chance
+    ``busy = max(1 - exp(-mass), MIN_BUSY)``, and a backlogged robot shares the band with itself and
+    the others' chances, ``n_j = 1 + sum_{k != j} busy_k``. The reference's values and the fused
+    node's, with ``d busy / d mass = exp(-mass)`` (0 where the floor holds, as autograd of ``clamp``).
+
+    :input mass: ``[E, R]`` >= 0, a robot's queued messages.
+    :output: ``(busy, n, d_busy)``, each ``[E, R]`` (``d_busy`` None without ``deriv``).
+    """
+    chance = -torch.expm1(-mass)
+    busy = torch.clamp(chance, min=MIN_BUSY)
+    n = busy.sum(-1, keepdim=True) - busy + 1.0
+    if not deriv:
+        return busy, n, None
+    return busy, n, torch.where(chance >= MIN_BUSY, torch.exp(-mass), torch.zeros_like(mass))
+
+
 def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
     r"""Binary-concrete sample from fixed uniforms ``u`` (pathwise gradient in ``p``).
 
