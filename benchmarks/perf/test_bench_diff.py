@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from isaac_net.core import make_engine
+from isaac_net.core.config import CellConfig
 from isaac_net.core.diff import DiffFluid, rollout
 from isaac_net.core.diff.reference import discrete_rollout
 
@@ -94,6 +95,22 @@ def test_qad_e64(benchmark, variant):
     _fwd_bwd(net, 60, *args)
     benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
     _info(benchmark, target_s=0.05 if variant == "eager" else None)
+
+
+@pytest.mark.benchmark(group="QAD backlog closure E=64 T=60 fwd+bwd")
+@pytest.mark.parametrize("variant", ["autograd", "eager", "compiled"])
+def test_qad_closure_e64(benchmark, variant):
+    """QAD with mean-field sends' backlog closure and a calibrated time on air (the rules of the
+    calibrated QAD mean-field cell): ``eager`` the fused step node; ``autograd``, autograd through every op
+    of the step, which such a cell ran before the node had the closure."""
+    args = _problem(64)
+    cfg = CellConfig(mf_backlog_closure=True, air_factor=1.5, air_crowd_exp=0.5)
+    net = DiffFluid(64, R, DEVICE, mode="QA", tau=0.05, cfg=cfg, compile=variant == "compiled")
+    if variant == "autograd":
+        net.slot_grad = "autograd"
+    _fwd_bwd(net, 60, *args)
+    benchmark.pedantic(_fwd_bwd, args=(net, 60, *args), rounds=3, iterations=1)
+    _info(benchmark)
 
 
 def _discrete(level, T, p, B, **kw):
