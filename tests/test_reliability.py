@@ -81,9 +81,15 @@ def test_issue_reproducers_give_the_saturated_kpis():
             assert float(snr.grad) == 0.0  # and does not depend on the SNR
 
 
-@pytest.mark.parametrize("mode", ["L1", "QA"])
-@pytest.mark.parametrize("sends", SENDS)
-def test_snr_up_to_120_db_gives_finite_kpis_and_gradients_in_float32(mode, sends):
+# (mode, sends, cell): each send model of both models, and QAD mean-field's backlog closure (its own count
+# and busy chance, on the fused node).
+CLOSED = CellConfig(mf_backlog_closure=True)
+SNR_CASES = [pytest.param(m, s, CellConfig(), id=f"{m}-{s}") for m in ("L1", "QA") for s in SENDS]
+SNR_CASES.append(pytest.param("QA", "mean_field", CLOSED, id="QA-mean_field-backlog-closure"))
+
+
+@pytest.mark.parametrize(("mode", "sends", "cfg"), SNR_CASES)
+def test_snr_up_to_120_db_gives_finite_kpis_and_gradients_in_float32(mode, sends, cfg):
     """Random cells with SNRs from -20 to 120 dB (one robot at 120 dB), random loads, sizes and
     temperatures, float32: finite KPIs with 0 <= delivery <= 1, AoI >= 1, energy >= 0, and finite
     gradients in the SNR and p."""
@@ -95,7 +101,7 @@ def test_snr_up_to_120_db_gives_finite_kpis_and_gradients_in_float32(mode, sends
         p = torch.rand(E, R, generator=g).requires_grad_()
         B = float(torch.rand(1, generator=g)) * 5e4 + 500.0
         tau = float(torch.rand(1, generator=g)) * 0.3 + 0.02
-        out = rollout(DiffFluid(E, R, mode=mode, tau=tau), 6, p, B, snr_db=snr, sends=sends,
+        out = rollout(DiffFluid(E, R, mode=mode, tau=tau, cfg=cfg), 6, p, B, snr_db=snr, sends=sends,
                       generator=torch.Generator().manual_seed(seed))
         vals = torch.stack([out[k] for k in KPIS])
         assert bool(torch.isfinite(vals).all()), (seed, vals)
@@ -120,17 +126,20 @@ def test_steps_without_sends_have_finite_zero_gradients_at_any_snr(mode):
             assert bool(torch.isfinite(snr.grad).all()) and float(snr.grad.abs().max()) == 0.0
 
 
-def test_fused_and_autograd_qad_agree_at_high_snr():
+@pytest.mark.parametrize(("sends", "cfg"), [("relaxed", CellConfig()), ("mean_field", CLOSED)],
+                         ids=["relaxed", "mean_field-backlog-closure"])
+def test_fused_and_autograd_qad_agree_at_high_snr(sends, cfg):
     """The fused node and autograd of the reference step call the same functions: the same KPIs and
-    gradients at 70-120 dB with relaxed sends (float64)."""
+    gradients at 70-120 dB with relaxed sends, and with mean-field sends' backlog closure (float64)."""
     g, E, R = _draw(7)
     snr0 = torch.rand(E, R, generator=g, dtype=F64) * 50.0 + 70.0
     res = []
     for slots in ("recompute", "autograd"):
         snr = snr0.clone().requires_grad_()
-        net = DiffFluid(E, R, mode="QA", dtype=F64)
+        net = DiffFluid(E, R, mode="QA", dtype=F64, cfg=cfg)
         net.slot_grad = slots
-        out = rollout(net, 8, 0.4, 9000.0, snr_db=snr, sends="relaxed",
+        assert net.fused_rollout == (slots == "recompute")
+        out = rollout(net, 8, 0.4, 9000.0, snr_db=snr, sends=sends,
                       generator=torch.Generator().manual_seed(3))
         sum(out[k] for k in KPIS).backward()
         res.append((torch.stack([out[k].detach() for k in KPIS]), snr.grad))
