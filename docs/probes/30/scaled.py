@@ -24,7 +24,7 @@ def service(x, w, mass_before, snr_lin, headroom, cfg, tau, slot_grad="recompute
     cum = _fifo_cum(x)
     closure = cfg.mf_backlog_closure and not relax.is_hard(tau)  # mean-field sends (probe (32)), as QAD's
     if closure:
-        busy, n = model._backlog_closure(w)
+        busy, n, _ = relax.backlog_closure(w.sum(-1), deriv=False)
     else:
         n = _n_busy(w, tau)
     sn = relax.smax(n, 1.0, tau)
