@@ -341,7 +341,8 @@ def backlog_closure(mass: torch.Tensor, *, deriv: bool = True):
     expected ``mass`` messages as a Poisson count is backlogged with the chance
     ``busy = max(1 - exp(-mass), MIN_BUSY)``, and a backlogged robot shares the band with itself and
     the others' chances, ``n_j = 1 + sum_{k != j} busy_k``. The reference's values and the fused
-    node's, with ``d busy / d mass = exp(-mass)`` (0 where the floor holds, as autograd of ``clamp``).
+    node's, with ``d busy / d mass = exp(-mass) = 1 - chance`` (as autograd of ``expm1`` takes it, from
+    its result; 0 where the floor holds, as autograd of ``clamp``).
 
     :input mass: ``[E, R]`` >= 0, a robot's queued messages.
     :output: ``(busy, n, d_busy)``, each ``[E, R]`` (``d_busy`` None without ``deriv``).
@@ -351,7 +352,7 @@ def backlog_closure(mass: torch.Tensor, *, deriv: bool = True):
     n = busy.sum(-1, keepdim=True) - busy + 1.0
     if not deriv:
         return busy, n, None
-    return busy, n, torch.where(chance >= MIN_BUSY, torch.exp(-mass), torch.zeros_like(mass))
+    return busy, n, torch.where(chance >= MIN_BUSY, 1.0 - chance, torch.zeros_like(mass))
 
 
 def relaxed_bernoulli(p: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
