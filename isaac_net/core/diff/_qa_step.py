@@ -58,6 +58,12 @@ _SCALARS = ("one", "neg_inf", "inv_tau_n", "buffer_limit", "subbands", "se_max",
             "inv_grant")
 
 
+def _branches(cfg: CellConfig) -> tuple[bool, bool]:
+    """The step's two static branches for a cell: ``(sr_fills_step, closure)`` (the scheduling request
+    fills the step; mean-field sends' backlog closure), which also key its compiled kernel."""
+    return cfg.qa_sr_slots == cfg.num_slots, cfg.mf_backlog_closure
+
+
 class _Consts:
     """The step's scalars as 0-dim tensors of the state's dtype and device: an op with a Python
     number wraps and converts it at every call (~2 us each on these small tensors). ``vector``
@@ -77,8 +83,8 @@ class _Consts:
         temp = Temperature.of(tau, dtype, device)
         vector = torch.cat([torch.stack(temp), torch.tensor([values[n] for n in _SCALARS], dtype=dtype,
                                                             device=device)])
-        self._set(vector, torch.arange(A, dtype=dtype, device=device).reshape(A, 1, 1).clone(),
-                  cfg.qa_sr_slots == cfg.num_slots, cfg.mf_backlog_closure)
+        ages = torch.arange(A, dtype=dtype, device=device).reshape(A, 1, 1).clone()
+        self._set(vector, ages, *_branches(cfg))
         self.air = not cfg.air_is_plain  # the time on air's crowd factor and cap (_crowd_on_air)
 
     def _set(self, vector: torch.Tensor, ages: torch.Tensor, sr_fills_step: bool, closure: bool) -> None:
@@ -369,7 +375,7 @@ FORWARD_KERNELS = {(False, False): Kernel(_forward_kernel, dim=(-2, -1)),
 
 def forward_kernel(cfg: CellConfig) -> Kernel:
     """The compiled forward kernel (``FORWARD_KERNELS``) a QAD cell ``cfg`` runs."""
-    return FORWARD_KERNELS[cfg.qa_sr_slots == cfg.num_slots, cfg.mf_backlog_closure]
+    return FORWARD_KERNELS[_branches(cfg)]
 
 
 def _own_storage(tensors: tuple) -> list:
