@@ -1489,12 +1489,15 @@ def test_qa_reshared_time_conserves_mass_with_central_difference_gradients(seed)
 def test_qa_grant_width_runs_on_the_fused_node_as_its_reference_does(seed):
     """With ``qa_min_grant_subbands`` > 1 QAD's rollout runs on the fused node: mass conserved, delivery
     in [0, 1], d kpi_mix / d p equal to central differences, KPIs other than QA's rule (K = 1), and its
-    KPIs and d kpi_mix / d p equal autograd of ``_step`` (``slot_grad="autograd"``) in float64."""
+    KPIs and d kpi_mix / d p equal autograd of ``_step`` (``slot_grad="autograd"``) in float64; just
+    above 1 the width gives QA's rule's KPIs."""
     s = random_scenario(seed)
     s = dataclasses.replace(s, cfg=dataclasses.replace(s.cfg, num_subbands=max(s.cfg.num_subbands, 4)))
     wide = dataclasses.replace(s.cfg, qa_min_grant_subbands=3.0)
-    _calibrated_rule_checks(s, wide, seed, fused=True)
+    mix = _calibrated_rule_checks(s, wide, seed, fused=True)
     _fused_equals_autograd(s, wide)
+    near = mix(dataclasses.replace(s.cfg, qa_min_grant_subbands=1.0 + 1e-9), s.p.to(F64))
+    assert near == pytest.approx(mix(s.cfg, s.p.to(F64)), rel=1e-6)  # just above 1: QA's rule
 
 
 def test_qa_grant_width_is_qas_and_refused_elsewhere():
