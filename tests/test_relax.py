@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -179,8 +180,10 @@ def test_spread_sends_are_deterministic_bounded_and_differentiable():
     p = (0.98 * torch.rand(5, 8, generator=g, dtype=F64)).requires_grad_()
     a, b = relax.spread_sends(p, 60, 1.0), relax.spread_sends(p.detach(), 60, 1.0)
     assert torch.equal(a.detach(), b)  # the same order of factors at every call
-    # the order is the cell's whatever the batch: cell 0 alone gets cell 0's sends of the batch
-    assert torch.equal(relax.spread_sends(p.detach()[:1], 60, 1.0), b[:, :1])
+    # the order is the cell's whatever the batch: cell 0 alone gets cell 0's order and sends of the
+    # batch (the sends to rounding: one thread's kernels may reduce a batch of one in another order)
+    assert np.array_equal(relax._spread_quantiles(60, 1), relax._spread_quantiles(60, 5)[:, :1])
+    torch.testing.assert_close(relax.spread_sends(p.detach()[:1], 60, 1.0), b[:, :1], rtol=1e-14, atol=0.0)
     assert float(b.min()) >= 0.0 and float(b.max()) <= 1.0  # at most one message a step
     assert float(b.max()) == 1.0  # p up to 0.98: the cap binds at the high factors
     assert torch.autograd.gradcheck(lambda q: relax.spread_sends(q, 12, 1.0), (p[:2, :3].detach().clone()

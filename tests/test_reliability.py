@@ -88,6 +88,7 @@ SNR_CASES = [pytest.param(m, s, CellConfig(), id=f"{m}-{s}") for m in ("L1", "QA
 SNR_CASES.append(pytest.param("QA", "mean_field", CLOSED, id="QA-mean_field-backlog-closure"))
 
 
+@pytest.mark.filterwarnings("ignore:tau. QAD with mean-field sends' backlog closure")  # finite below it too
 @pytest.mark.parametrize(("mode", "sends", "cfg"), SNR_CASES)
 def test_snr_up_to_120_db_gives_finite_kpis_and_gradients_in_float32(mode, sends, cfg):
     """Random cells with SNRs from -20 to 120 dB (one robot at 120 dB), random loads, sizes and
@@ -145,6 +146,57 @@ def test_fused_and_autograd_qad_agree_at_high_snr(sends, cfg):
         res.append((torch.stack([out[k].detach() for k in KPIS]), snr.grad))
     torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(res[0][1], res[1][1], rtol=1e-8, atol=1e-12)
+
+
+def _closure_cell(seed: int):
+    """A random cell of 1-64 robots for the closure's temperature checks: p up to 12 / R (light to
+    past the knee), SNRs of 0-40 dB, 2-32 kB messages."""
+    g = torch.Generator().manual_seed(seed)
+    R = int(torch.randint(1, 65, (1,), generator=g))
+    p = torch.rand(2, R, generator=g, dtype=F64) * float(torch.rand(1, generator=g)) * min(1.0, 12.0 / R)
+    snr = torch.rand(2, R, generator=g, dtype=F64) * 40.0
+    return p, snr, float(torch.rand(1, generator=g)) * 3e4 + 2000.0
+
+
+def _closure_ad_and_fd(seed: int, tau: float, T: int = 60, h: float = 1e-5) -> tuple:
+    """d (AoI + delay + 10 delivery) / d (a common relative shift of p) on cell ``seed`` with the
+    closure, float64: autograd and the central difference of half step ``h``, both on the same cell."""
+    p0, snr, B = _closure_cell(seed)
+    cfg = CellConfig(mf_backlog_closure=True)
+
+    def loss(shift):
+        net = DiffFluid(*p0.shape, mode="QA", tau=tau, cfg=cfg, dtype=F64)
+        k = rollout(net, T, p0 * (1.0 + shift), B, snr_db=snr, sends="mean_field")
+        return k["mean_aoi"] + k["mean_delay"] + 10.0 * k["delivery_ratio"]
+
+    shift = torch.zeros((), dtype=F64, requires_grad=True)
+    (ad,) = torch.autograd.grad(loss(shift), shift)
+    with torch.no_grad():
+        fd = (loss(torch.tensor(h, dtype=F64)) - loss(torch.tensor(-h, dtype=F64))) / (2.0 * h)
+    return float(ad), float(fd)
+
+
+def test_the_backlog_closure_has_stable_gradients_from_its_least_temperature_and_warns_below():
+    """``relax.CLOSURE_MIN_TAU``: with the closure, QAD's gradients over 60 steps equal central
+    differences at that temperature on cells where below it (tau = 0.02) backpropagation through time
+    diverges (the step expands; docs/design.md, section 6), in float64; ``DiffFluid`` warns below it,
+    at construction and when tau is lowered, and not at it, at tau = 0 or without the closure."""
+    assert relax.CLOSURE_MIN_TAU == 0.05
+    for seed in (4, 6, 7, 13):  # cells whose gradients diverge at tau = 0.02
+        ad, fd = _closure_ad_and_fd(seed, relax.CLOSURE_MIN_TAU)
+        assert ad == pytest.approx(fd, rel=1e-4), seed
+    with pytest.warns(UserWarning, match=r"unstable gradients below tau = 0\.05 .* got tau = 0\.02"):
+        ad, fd = _closure_ad_and_fd(7, 0.02)
+    assert abs(ad - fd) > 10.0 * abs(fd)  # why it warns: autograd is off by orders of magnitude
+    closure = CellConfig(mf_backlog_closure=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tau, cfg, mode in ((0.05, closure, "QA"), (0.0, closure, "QA"), (0.02, CellConfig(), "QA"),
+                               (0.02, closure, "L1")):
+            net = DiffFluid(2, 3, mode=mode, tau=tau, cfg=cfg)
+    with pytest.warns(UserWarning, match="got tau = 0.01"):
+        net = DiffFluid(2, 3, mode="QA", tau=0.1, cfg=closure)
+        net.tau = 0.01  # annealing below it
 
 
 # ------------------------------------------------------------------ small edges (items 6, 12)

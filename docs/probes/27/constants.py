@@ -2,7 +2,8 @@
 its R: the committed interpolation, each neighbouring fit, the log-R line, other temperatures, and
 R = 32's fit replaced by the interpolation of R = 16 and 64. Evaluation only (see docs/design.md).
 argv: the point's name (default fleet24), then any `field=value` variants of the interpolated
-constants (e.g. tau=0.05). Run from a checkout of main after a full profile."""
+constants (e.g. tau=0.05; rate_factor=0.45,snr_offset_db=-7 is one variant of both).
+Run from a checkout of main after a full profile."""
 import dataclasses
 import json
 import sys
@@ -34,9 +35,9 @@ interp = fc.at(R)
 new32 = dataclasses.replace(_interpolated(fits[16], fits[64], 32), provenance=fits[32].provenance)
 variants = {"committed": interp, "R16": fits[16], "R32": fits[32], "loglin": _log_linear(fc.fits, R),
             "R32=interp(16,64)": _interpolated(fits[16], new32, R)}
-for arg in sys.argv[2:]:
-    field, value = arg.split("=")
-    variants[arg] = dataclasses.replace(interp, **{field: float(value)})
+for arg in sys.argv[2:]:  # field=value[,field=value ...]: one variant each
+    fields = dict(kv.split("=") for kv in arg.split(","))
+    variants[arg] = dataclasses.replace(interp, **{f: float(v) for f, v in fields.items()})
 for label, cal in variants.items():
     cal = dataclasses.replace(cal, R=(R,))  # a neighbour's fit served at this R (apply warns once)
     mcfg = cal.apply(cfg, R=R, area_m=op.get("area_m", [40.0, 140.0]))

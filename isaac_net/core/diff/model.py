@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import typing
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -705,6 +706,11 @@ class DiffFluid:
     @tau.setter
     def tau(self, value: float) -> None:
         self._tau = _validate.temperature(value, "tau")
+        if self.mode == "QA" and self.cfg.mf_backlog_closure and 0.0 < self._tau < relax.CLOSURE_MIN_TAU:
+            warnings.warn(f"tau: QAD with mean-field sends' backlog closure (cfg.mf_backlog_closure) has "
+                          f"unstable gradients below tau = {relax.CLOSURE_MIN_TAU} (backpropagation through "
+                          f"time diverges on some cells, in float64 too), got tau = {self._tau}; "
+                          f"docs/design.md, section 6", stacklevel=2)
 
     @property
     def tau_n(self) -> float:

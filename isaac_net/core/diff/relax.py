@@ -335,6 +335,13 @@ def soft_busy(mass: torch.Tensor, tau: float) -> torch.Tensor:
 #: served nothing either way, and its served bytes stay away from exact 0 (log in fifo_serve).
 MIN_BUSY = 1e-6
 
+#: The least temperature at which :func:`backlog_closure`'s rollouts have usable gradients. Below it
+#: the closure's step expands on some cells (its leading mode the mass of a nearly completed message
+#: of a robot holding little): the KPIs turn rough at fine scale and backpropagation through time
+#: diverges from their central differences, in float64 as in float32. ``DiffFluid`` warns below it
+#: (docs/design.md, section 6).
+CLOSURE_MIN_TAU = 0.05
+
 
 def backlog_closure(mass: torch.Tensor, *, deriv: bool = True):
     """Mean-field sends' backlog closure (``CellConfig.mf_backlog_closure``): a robot holding an
