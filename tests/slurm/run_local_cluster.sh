@@ -25,9 +25,10 @@
 #
 # Environment knobs: VENV (default <repo>/.venv), SLURM_TEST_CONFIGFILE
 # (default config/ci.yaml), SLURM_TEST_TARGET (default report),
-# SLURM_TEST_LOCAL_CORES (default 1), SLURM_TEST_TIMEOUT (seconds per run, default 900: a guard against a hung run; the
+# SLURM_TEST_LOCAL_CORES (default 1), SLURM_TEST_TIMEOUT (seconds per run, default 1800: a guard against a hung run; the
 # local run on one core, beside the SLURM run on the same 2 cores, took about 9 min once the
-# calibration fanned out into a job per model and fleet size).
+# calibration fanned out into a job per model and fleet size, and more than 15 min on a box 2.75 times
+# slower, docs/design.md section 7).
 set -euo pipefail
 
 T0=$(date +%s)
@@ -47,7 +48,7 @@ VENV=${VENV:-$REPO/.venv}
 CONFIGFILE=${SLURM_TEST_CONFIGFILE:-config/ci.yaml}
 TARGET=${SLURM_TEST_TARGET:-report}
 LOCAL_CORES=${SLURM_TEST_LOCAL_CORES:-1}
-TIMEOUT=${SLURM_TEST_TIMEOUT:-900}
+TIMEOUT=${SLURM_TEST_TIMEOUT:-1800}
 PARTITION=debug
 HOST=$(hostname -s)
 NCPU=$(nproc)
