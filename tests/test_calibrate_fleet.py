@@ -142,6 +142,21 @@ def test_at_gives_the_fitted_size_and_interpolates_in_log_R_between():
         _ = FLEET.tau
 
 
+def test_constants_the_fits_share_are_that_value_exactly_at_every_size_between():
+    """A convex combination of two equal constants is that constant, bit for bit: the committed QAD
+    mean-field temperatures (0.05 at every fitted size) stay at the closure's least between them."""
+    same = calibrate.FleetCalibration("QA", "relaxed", (
+        _cal(8, tau=0.05, rate_factor=0.3, snr_offset_db=-7.2, air_factor=0.7, air_crowd_exp=0.3),
+        _cal(64, tau=0.05, rate_factor=0.3, snr_offset_db=-7.2, air_factor=0.7, air_crowd_exp=0.3)))
+    for R in range(9, 64):
+        c = same.at(R)
+        assert (c.tau, c.rate_factor, c.snr_offset_db, c.air_factor, c.air_crowd_exp, c.qa_snr_req_db) == \
+            (0.05, 0.3, -7.2, 0.7, 0.3, 5.0), R
+    # a plain geometric mean of them is not, at some sizes (why the shared value is kept)
+    w = [(math.log(R) - math.log(8)) / math.log(8) for R in range(9, 64)]
+    assert any(math.exp((1 - x) * math.log(0.05) + x * math.log(0.05)) != 0.05 for x in w)
+
+
 def test_outside_the_fitted_sizes_the_nearest_is_used_with_a_warning():
     assert FLEET.at(100) is FLEET.fits[1] and FLEET.at(4) is FLEET.fits[0]
     with pytest.warns(UserWarning, match=r"used outside what it was fitted for: R = 4 \(fitted for 8\)"):

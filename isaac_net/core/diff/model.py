@@ -706,10 +706,8 @@ class DiffFluid:
     @tau.setter
     def tau(self, value: float) -> None:
         self._tau = _validate.temperature(value, "tau")
-        # below it by more than rounding: a temperature interpolated between two fits at it is not
-        below = self._tau < relax.CLOSURE_MIN_TAU and not math.isclose(self._tau, relax.CLOSURE_MIN_TAU,
-                                                                          rel_tol=1e-9)
-        if self.mode == "QA" and self.cfg.mf_backlog_closure and 0.0 < self._tau and below:
+        below = 0.0 < self._tau < relax.CLOSURE_MIN_TAU
+        if self.mode == "QA" and self.cfg.mf_backlog_closure and below:
             warnings.warn(f"tau: QAD with mean-field sends' backlog closure (cfg.mf_backlog_closure) has "
                           f"unstable gradients below tau = {relax.CLOSURE_MIN_TAU} (backpropagation through "
                           f"time diverges on some cells, in float64 too), got tau = {self._tau}; "

@@ -66,8 +66,9 @@ def model_envs_for(R: int, model_robots: int, envs: int, load_spread: float = 0.
 
 def _same_or(form, values: list) -> float:
     """The value all ``values`` share, exactly, else ``form(values)``: a constant that the fits share
-    (QA's grant width 1, which the mode checks test for equality: L1D's must be 1) stays that value
-    where a line or a weighted mean of equal values would come out one rounding off."""
+    stays that value where a line or a weighted mean of equal values would come out one rounding off
+    (QA's grant width 1, which the mode checks test for equality: L1D's must be 1; a temperature at
+    the closure's least, ``relax.CLOSURE_MIN_TAU``, which the model warns below)."""
     return values[0] if all(v == values[0] for v in values) else form(values)
 
 
@@ -101,14 +102,15 @@ def _log_linear(fits, R: int) -> Calibration:
 def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
     """The constants at ``R`` between the fits ``lo`` and ``hi`` (``lo.R[0] < R < hi.R[0]``), linear
     in log R; the capacity factor, the temperature and the time on air's factor geometrically, the
-    latency floor rounded."""
+    latency floor rounded. A constant both fits share stays that value exactly (:func:`_same_or`):
+    two temperatures of 0.05 give 0.05, not one rounding below the closure's least temperature."""
     w = (math.log(R) - math.log(lo.R[0])) / (math.log(hi.R[0]) - math.log(lo.R[0]))
 
     def lin(a, b):
-        return (1.0 - w) * a + w * b
+        return _same_or(lambda v: (1.0 - w) * v[0] + w * v[1], [a, b])
 
     def geo(a, b):
-        return math.exp(lin(math.log(a), math.log(b)))
+        return _same_or(lambda v: math.exp((1.0 - w) * math.log(v[0]) + w * math.log(v[1])), [a, b])
 
     req = None if lo.qa_snr_req_db is None or hi.qa_snr_req_db is None else lin(lo.qa_snr_req_db,
                                                                                  hi.qa_snr_req_db)
@@ -118,8 +120,7 @@ def _interpolated(lo: Calibration, hi: Calibration, R: int) -> Calibration:
         sr_slots=int(round(lin(lo.sr_slots, hi.sr_slots))), tau=geo(lo.tau, hi.tau), qa_snr_req_db=req,
         air_factor=geo(lo.air_factor, hi.air_factor), air_crowd_exp=lin(lo.air_crowd_exp, hi.air_crowd_exp),
         load_spread=lin(lo.load_spread, hi.load_spread), qa_reshare=lin(lo.qa_reshare, hi.qa_reshare),
-        qa_min_grant_subbands=_same_or(lambda v: lin(*v),
-                                       [lo.qa_min_grant_subbands, hi.qa_min_grant_subbands]),
+        qa_min_grant_subbands=lin(lo.qa_min_grant_subbands, hi.qa_min_grant_subbands),
         R=(R,),
         train_loss=None, heldout_loss=None, gradient_check=None,
         provenance={**lo.provenance, "interpolated_between_R": [lo.R[0], hi.R[0]]})
