@@ -6,12 +6,14 @@ against central differences over a rollout, float64, and the step's Jacobian on 
     python docs/probes/closure_tau/closure_tau.py hsweep SEED TAU      # the difference's half step
     python docs/probes/closure_tau/closure_tau.py jacobian SEED TAU    # the step's spectral radius
     python docs/probes/closure_tau/closure_tau.py perturb TAU          # the gradient's change with p
+    python docs/probes/closure_tau/closure_tau.py mechanism SEEDS TAUS # what expands: the own chance
 
 The derivative is that of ``mean_aoi + mean_delay + 10 delivery_ratio`` in a common relative shift of
 every robot's p (a cell's p kept below 0.9 so that the shift never meets the clamp at 1). The
 calibrated cells read ``benchmarks/diff/results/full/calibration.json`` (run from the repository).
 """
 
+import math
 import statistics
 import sys
 import warnings
@@ -19,7 +21,7 @@ import warnings
 import torch
 
 from isaac_net.core.config import CellConfig
-from isaac_net.core.diff import calibrate
+from isaac_net.core.diff import calibrate, relax
 from isaac_net.core.diff.model import DiffFluid, _step
 from isaac_net.core.diff.rollout import rollout
 
@@ -111,6 +113,66 @@ def jacobian(seed, tau, steps=40):
               f"(bytes left {float(x[0].reshape(-1)[j]):.3g} of a mass {float(w[0].reshape(-1)[j]):.3g})")
 
 
+def _own_chance_detached(mass, *, deriv=True):
+    """``relax.backlog_closure`` whose ``busy`` (the factor of a robot's own service) is a constant of
+    the step, its ``n`` (the others' chances) still live: the Jacobian without the own-chance path."""
+    busy, n, d_busy = _BACKLOG_CLOSURE(mass, deriv=deriv)
+    return busy.detach(), n, d_busy
+
+
+_BACKLOG_CLOSURE = relax.backlog_closure
+
+
+def mechanism(seed, tau, steps=30):
+    """Along the rollout of env 0 of cell ``seed``: how much a perturbation of the state (bytes and mass
+    at every robot and age) can grow over ``steps`` steps, with the closure as it is and with each
+    robot's own chance in its service detached (``_own_chance_detached``: n, the others' chances, still
+    live), and on which robot the most grown perturbation ends."""
+    cell = plain_cell(seed)
+    E, R = cell["p"].shape
+    net = DiffFluid(E, R, mode="QA", tau=tau, dtype=F64, cfg=CLOSED)
+    inp = net.inputs(cell["B"], snr_db=cell["snr_db"])
+    x, w, aoi = net.state.x.clone(), net.state.w.clone(), net.state.aoi.clone()
+    A = x.shape[-1]
+    args = (cell["p"], inp.msg_bytes, inp.snr_lin, inp.tx_w, inp.keep, inp.headroom, tau, net.tau_n, CLOSED,
+            "QA")
+
+    def f(xw):
+        xx, ww = x.clone(), w.clone()
+        xx[0], ww[0] = xw[: R * A].view(R, A) * cell["B"], xw[R * A:].view(R, A)
+        out = _step(xx, ww, aoi, *args)
+        return torch.cat([out.x[0].reshape(-1) / cell["B"], out.w[0].reshape(-1)])
+
+    # the tangent map over the rollout, P = J_t ... J_1, with the closure as it is and with the own
+    # chance detached; its largest singular value is how much a perturbation of the state can grow
+    n = 2 * R * A
+    P, P_own = torch.eye(n, dtype=F64), torch.eye(n, dtype=F64)
+    log_p = log_own = 0.0
+    for _ in range(steps):
+        xw = torch.cat([x[0].reshape(-1) / cell["B"], w[0].reshape(-1)])
+        P = torch.autograd.functional.jacobian(f, xw) @ P
+        relax.backlog_closure = _own_chance_detached
+        try:
+            P_own = torch.autograd.functional.jacobian(f, xw) @ P_own
+        finally:
+            relax.backlog_closure = _BACKLOG_CLOSURE
+        for k, M in enumerate((P, P_own)):  # rescale, keeping the log of the scale
+            s_max = float(torch.linalg.matrix_norm(M, ord=2))
+            M /= s_max
+            if k == 0:
+                log_p += math.log10(s_max)
+            else:
+                log_own += math.log10(s_max)
+        out = _step(x, w, aoi, *args)
+        x, w, aoi = out.x, out.w, out.aoi
+    u = torch.linalg.svd(P).U[:, 0] ** 2  # where the most grown perturbation ends: robot by robot
+    per_robot = u[: R * A].view(R, A).sum(-1) + u[R * A:].view(R, A).sum(-1)
+    j = int(per_robot.argmax())
+    print(f"seed {seed} R {R} tau {tau}, {steps} steps: log10 of the tangent map's largest singular value "
+          f"{log_p:+.1f} (each robot's own chance in its service detached: {log_own:+.1f}); the most grown "
+          f"perturbation ends {float(per_robot[j]):.3f} on robot {j}", flush=True)
+
+
 def perturb(tau):
     """On 20 cells (E = 2, 1-32 robots, p uniform, 0-40 dB, T = 20): the float64 gradient in p's
     relative change when p moves by 1e-7 of itself (float32's rounding of p), closure on and off."""
@@ -159,6 +221,10 @@ def main():
         perturb(float(sys.argv[2]))
     elif what == "jacobian":
         jacobian(int(sys.argv[2]), float(sys.argv[3]))
+    elif what == "mechanism":
+        for tau in [float(v) for v in sys.argv[3].split(",")]:
+            for seed in [int(v) for v in sys.argv[2].split(",")]:
+                mechanism(seed, tau)
     else:
         raise SystemExit(__doc__)
 
