@@ -13,6 +13,7 @@ every robot's p (a cell's p kept below 0.9 so that the shift never meets the cla
 calibrated cells read ``benchmarks/diff/results/full/calibration.json`` (run from the repository).
 """
 
+import functools
 import math
 import statistics
 import sys
@@ -80,26 +81,43 @@ def report(label, cells, tau, T, cfg=CLOSED):
           f"above 5 %: {len(bad)}/{len(errs)} (seed, R, error) {bad}", flush=True)
 
 
-def jacobian(seed, tau, steps=40):
-    """The spectral radius of one step's map of env 0's state (bytes in units of the message, and
-    mass), along the rollout, and the leading mode's largest components at the last step."""
+def step_map(seed, tau):
+    """Env 0 of cell ``seed`` with the closure at ``tau``, as a map of its state: ``(R, A, state,
+    args, flat, f)``, ``state`` the empty ``(x, w, aoi)``, ``args`` the rest of ``model._step``'s,
+    ``flat(x, w)`` env 0's bytes (in units of the message) and mass as one vector ``[2 R A]``, and
+    ``f(v, x, w, aoi)`` the next step's ``flat`` from ``v`` in env 0 (the other env as in ``x``, ``w``)."""
     cell = plain_cell(seed)
     E, R = cell["p"].shape
     net = DiffFluid(E, R, mode="QA", tau=tau, dtype=F64, cfg=CLOSED)
     inp = net.inputs(cell["B"], snr_db=cell["snr_db"])
-    x, w, aoi = net.state.x.clone(), net.state.w.clone(), net.state.aoi.clone()
-    A = x.shape[-1]
+    state = (net.state.x.clone(), net.state.w.clone(), net.state.aoi.clone())
+    A = state[0].shape[-1]
     args = (cell["p"], inp.msg_bytes, inp.snr_lin, inp.tx_w, inp.keep, inp.headroom, tau, net.tau_n, CLOSED,
             "QA")
 
-    def f(xw):
-        xx, ww = x.clone(), w.clone()
-        xx[0], ww[0] = xw[: R * A].view(R, A) * cell["B"], xw[R * A:].view(R, A)
-        out = _step(xx, ww, aoi, *args)
-        return torch.cat([out.x[0].reshape(-1) / cell["B"], out.w[0].reshape(-1)])
+    def flat(x, w):
+        return torch.cat([x[0].reshape(-1) / cell["B"], w[0].reshape(-1)])
 
+    def f(v, x, w, aoi):
+        xx, ww = x.clone(), w.clone()
+        xx[0], ww[0] = v[: R * A].view(R, A) * cell["B"], v[R * A:].view(R, A)
+        out = _step(xx, ww, aoi, *args)
+        return flat(out.x, out.w)
+
+    return R, A, state, args, flat, f
+
+
+def step_jacobian(f, flat, x, w, aoi):
+    """The Jacobian ``[2 R A, 2 R A]`` of ``step_map``'s ``f`` at the state ``(x, w, aoi)``."""
+    return torch.autograd.functional.jacobian(functools.partial(f, x=x, w=w, aoi=aoi), flat(x, w))
+
+
+def jacobian(seed, tau, steps=40):
+    """The spectral radius of one step's map of env 0's state (bytes in units of the message, and
+    mass), along the rollout, and the leading mode's largest components at the last step."""
+    R, A, (x, w, aoi), args, flat, f = step_map(seed, tau)
     for t in range(steps):
-        J = torch.autograd.functional.jacobian(f, torch.cat([x[0].reshape(-1) / cell["B"], w[0].reshape(-1)]))
+        J = step_jacobian(f, flat, x, w, aoi)
         vals, vecs = torch.linalg.eig(J)
         i = int(vals.abs().argmax())
         print(f"step {t:2d}: spectral radius {float(vals.abs()[i]):.3f} (eigenvalue {complex(vals[i]):.3f}), "
@@ -128,20 +146,7 @@ def mechanism(seed, tau, steps=30):
     at every robot and age) can grow over ``steps`` steps, with the closure as it is and with each
     robot's own chance in its service detached (``_own_chance_detached``: n, the others' chances, still
     live), and on which robot the most grown perturbation ends."""
-    cell = plain_cell(seed)
-    E, R = cell["p"].shape
-    net = DiffFluid(E, R, mode="QA", tau=tau, dtype=F64, cfg=CLOSED)
-    inp = net.inputs(cell["B"], snr_db=cell["snr_db"])
-    x, w, aoi = net.state.x.clone(), net.state.w.clone(), net.state.aoi.clone()
-    A = x.shape[-1]
-    args = (cell["p"], inp.msg_bytes, inp.snr_lin, inp.tx_w, inp.keep, inp.headroom, tau, net.tau_n, CLOSED,
-            "QA")
-
-    def f(xw):
-        xx, ww = x.clone(), w.clone()
-        xx[0], ww[0] = xw[: R * A].view(R, A) * cell["B"], xw[R * A:].view(R, A)
-        out = _step(xx, ww, aoi, *args)
-        return torch.cat([out.x[0].reshape(-1) / cell["B"], out.w[0].reshape(-1)])
+    R, A, (x, w, aoi), args, flat, f = step_map(seed, tau)
 
     # the tangent map over the rollout, P = J_t ... J_1, with the closure as it is and with the own
     # chance detached; its largest singular value is how much a perturbation of the state can grow
@@ -149,11 +154,10 @@ def mechanism(seed, tau, steps=30):
     P, P_own = torch.eye(n, dtype=F64), torch.eye(n, dtype=F64)
     log_p = log_own = 0.0
     for _ in range(steps):
-        xw = torch.cat([x[0].reshape(-1) / cell["B"], w[0].reshape(-1)])
-        P = torch.autograd.functional.jacobian(f, xw) @ P
+        P = step_jacobian(f, flat, x, w, aoi) @ P
         relax.backlog_closure = _own_chance_detached
         try:
-            P_own = torch.autograd.functional.jacobian(f, xw) @ P_own
+            P_own = step_jacobian(f, flat, x, w, aoi) @ P_own
         finally:
             relax.backlog_closure = _BACKLOG_CLOSURE
         for k, M in enumerate((P, P_own)):  # rescale, keeping the log of the scale
