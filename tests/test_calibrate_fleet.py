@@ -155,6 +155,11 @@ def test_constants_the_fits_share_are_that_value_exactly_at_every_size_between()
     # a plain geometric mean of them is not, at some sizes (why the shared value is kept)
     w = [(math.log(R) - math.log(8)) / math.log(8) for R in range(9, 64)]
     assert any(math.exp((1 - x) * math.log(0.05) + x * math.log(0.05)) != 0.05 for x in w)
+    # the line in log R through every fit's (the page's parametric form) keeps them too, outside as well
+    fits = [_cal(R, tau=0.05, air_crowd_exp=0.3) for R in (4, 8, 16, 32, 64)]
+    for R in range(2, 100):
+        c = calibrate.fleet._log_linear(fits, R)
+        assert (c.tau, c.rate_factor, c.snr_offset_db, c.air_crowd_exp) == (0.05, 0.6, -4.0, 0.3), R
 
 
 def test_outside_the_fitted_sizes_the_nearest_is_used_with_a_warning():

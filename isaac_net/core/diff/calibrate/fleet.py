@@ -79,11 +79,14 @@ def _log_linear(fits, R: int) -> Calibration:
     fit's): a global parametric form, two numbers per constant."""
     x = np.log([c.R[0] for c in fits])
 
-    def line(values, log=False):
+    def fitted(values, log=False):
         y = np.log(values) if log else np.asarray(values, dtype=float)
         slope, icpt = np.polyfit(x, y, 1)
         v = icpt + slope * math.log(R)
         return float(math.exp(v) if log else v)
+
+    def line(values, log=False):  # a constant every fit shares stays that value exactly
+        return _same_or(lambda v: fitted(v, log), values)
 
     near = min(fits, key=lambda c: abs(math.log(c.R[0] / R)))
     return dataclasses.replace(
@@ -95,7 +98,7 @@ def _log_linear(fits, R: int) -> Calibration:
         air_crowd_exp=line([c.air_crowd_exp for c in fits]),
         load_spread=max(0.0, line([c.load_spread for c in fits])),
         qa_reshare=min(max(line([c.qa_reshare for c in fits]), 0.0), 1.0),
-        qa_min_grant_subbands=_same_or(lambda v: max(line(v), 1.0), [c.qa_min_grant_subbands for c in fits]),
+        qa_min_grant_subbands=max(line([c.qa_min_grant_subbands for c in fits]), 1.0),
         R=(R,), train_loss=None, heldout_loss=None, gradient_check=None)
 
 
